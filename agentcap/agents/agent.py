@@ -1,0 +1,330 @@
+"""An agent: a named role bound to a model, its tokenizer / processor, generation settings and a
+trainable flag.
+
+Generation is always batched over every observation waiting on the agent; the old log-probs the
+clipped objective needs are recomputed with the same forward pass the update uses, so sampler and
+learner can never disagree about them (they may differ from generate's internal scores by padding
+and kernel choice).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from agentcap.agents.families import FAMILIES, Family, Observation
+
+
+@dataclass
+class AgentConfig:
+    """How to build one agent. Exactly one of ``model`` (a local path), ``toy`` or ``tiny``.
+
+    Args:
+        model: local folder of a Hugging Face model (or of a saved toy model).
+        family: how observations become model inputs; ``auto`` reads the model's config.
+        toy: fields of :class:`agentcap.agents.toy.ToyConfig` for the offline demo's media LM.
+        tiny: an HF config (``model_type`` plus fields) to build a tiny random model, for tests.
+        tokenizer: local tokenizer / processor folder; defaults to ``model``.
+        build_tokenizer_from: text files whose words form a word-level tokenizer (offline demos).
+        max_new_tokens: generation budget per action.
+        temperature: sampling temperature; log-probs are taken at the same temperature.
+        top_p: nucleus sampling mass.
+        lr: learning rate of this agent's optimiser, when it trains.
+        dtype: parameter dtype.
+        gguf_file: file name inside ``model`` for GGUF checkpoints.
+        trust_remote_code: off unless you trust the model folder's code.
+    """
+
+    model: str | None = None
+    family: Literal["auto", "causal_lm", "toy", "vision", "audio"] = "auto"
+    toy: dict[str, Any] | None = None
+    tiny: dict[str, Any] | None = None
+    tokenizer: str | None = None
+    build_tokenizer_from: list[str] = field(default_factory=list)
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    lr: float = 1e-5
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    gguf_file: str | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class Generation:
+    """One sampled action: its text, token ids and the log-probs it was sampled with (old policy)."""
+
+    text: str
+    completion_ids: torch.Tensor  # [T]
+    old_logprobs: torch.Tensor  # [T]
+
+
+class Agent(nn.Module):
+    """A role bound to a model (see module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        model: nn.Module,
+        tokenizer,
+        family: str = "causal_lm",
+        processor=None,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        lr: float = 1e-5,
+    ):
+        super().__init__()
+        self.name = name
+        self.model = model
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.family: Family = FAMILIES[family](model, tokenizer, processor)
+        self.max_new_tokens = max_new_tokens
+        self.temperature = temperature
+        self.top_p = top_p
+        self.lr = lr
+        self.trainable = False
+        self.set_trainable(False)
+
+    def set_trainable(self, trainable: bool) -> None:
+        """Frozen agents are in eval mode with no grad, so they carry no optimiser state."""
+        self.trainable = trainable
+        self.model.requires_grad_(trainable)
+        self.model.train(trainable)
+
+    def train(self, mode: bool = True):  # Lightning toggles train/eval; frozen agents stay in eval
+        super().train(mode and self.trainable)
+        return self
+
+    @property
+    def eos_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif isinstance(gen_eos, (list, tuple)):
+            ids.update(gen_eos)
+        return sorted(i for i in ids if i is not None)
+
+    # --- generation ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(
+        self, observations: Sequence[Observation], greedy: bool = False, batch_size: int = 64
+    ) -> list[Generation]:
+        """One batched sampling call per ``batch_size`` observations; returns texts, ids, log-probs."""
+        results: list[Generation] = []
+        was_training = self.model.training
+        self.model.eval()  # dropout off while sampling
+        for start in range(0, len(observations), batch_size):
+            chunk = list(observations[start : start + batch_size])
+            inputs = self.family.encode(chunk)
+            kwargs: dict[str, Any] = dict(
+                max_new_tokens=self.max_new_tokens,
+                do_sample=not greedy,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.eos_ids,
+            )
+            if not greedy:
+                kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
+            new = self.family.generate(inputs, **kwargs)  # [N, T]
+            completion, mask = trim_after_eos(new, self.eos_ids, self.tokenizer.pad_token_id)
+            logprobs = self.completion_logprobs(inputs, completion, mask)
+            for i in range(completion.shape[0]):
+                n = int(mask[i].sum())
+                ids = completion[i, :n]
+                text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+                results.append(Generation(text=text, completion_ids=ids.cpu(), old_logprobs=logprobs[i, :n].cpu()))
+        self.model.train(was_training)
+        return results
+
+    # --- scoring ------------------------------------------------------------------------------
+    def completion_logprobs(
+        self, inputs: dict[str, Any], completion: torch.Tensor, mask: torch.Tensor, with_entropy: bool = False
+    ):
+        """log π(completion token | prompt, earlier tokens) at the sampling temperature: [N, T].
+
+        With ``with_entropy`` also returns the per-token entropy of the same distribution, from the
+        same forward pass.
+        """
+        logits = self.family.logits(inputs, completion, mask).float() / self.temperature
+        logp_all = F.log_softmax(logits, dim=-1)  # [N, T, V]
+        logprobs = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1) * mask
+        if not with_entropy:
+            return logprobs
+        entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
+        return logprobs, entropy
+
+    def encode(self, observations: Sequence[Observation]) -> dict[str, Any]:
+        return self.family.encode(list(observations))
+
+    def encode_completions(self, texts: Sequence[str]) -> list[torch.Tensor]:
+        """Token ids of target completions (SFT), ending in EOS like a sampled action."""
+        eos = self.tokenizer.eos_token_id
+        out = []
+        for text in texts:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            out.append(torch.tensor(list(ids) + [eos], dtype=torch.long))
+        return out
+
+
+def trim_after_eos(new: torch.Tensor, eos_ids: Sequence[int], pad_id: int):
+    """Keep tokens up to and including the first EOS; returns (ids [N, T], mask [N, T])."""
+    is_eos = torch.zeros_like(new, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= new == e
+    after = (is_eos.cumsum(dim=1) - is_eos.long()) > 0  # strictly after the first EOS
+    mask = (~after).long()
+    ids = new.masked_fill(after, pad_id)
+    keep = int(mask.sum(dim=1).max()) if mask.numel() else 0
+    return ids[:, : max(keep, 1)], mask[:, : max(keep, 1)]
+
+
+def pad_right(rows: Sequence[torch.Tensor], pad_id: int, device=None):
+    """Right-pad 1-D tensors into ([N, T] ids, [N, T] mask)."""
+    t = max(max((r.numel() for r in rows), default=1), 1)
+    ids = torch.full((len(rows), t), pad_id, dtype=rows[0].dtype if rows else torch.long)
+    mask = torch.zeros(len(rows), t, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : r.numel()] = r
+        mask[i, : r.numel()] = 1
+    return ids.to(device), mask.to(device)
+
+
+# --- building agents from configs -------------------------------------------------------------
+class MissingWeightsError(FileNotFoundError):
+    """A paper recipe points at weights this machine does not have."""
+
+
+def build_agent(name: str, config: AgentConfig, demo_hint: str = "configs/demo/") -> Agent:
+    """Load or build the model, tokenizer and family named by ``config``."""
+    dtype = getattr(torch, config.dtype)
+    processor = None
+    sources = [x for x in (config.model, config.toy, config.tiny) if x is not None]
+    if len(sources) != 1:
+        raise ValueError(f"agents.{name}: give exactly one of model / toy / tiny (got {len(sources)})")
+    tokenizer = _load_tokenizer(name, config)
+    if config.toy is not None:
+        from agentcap.agents.toy import ToyConfig, ToyMediaLM
+
+        toy = dict(config.toy)
+        toy.update(
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
+        )
+        model, family = ToyMediaLM(ToyConfig(**toy)), "toy"
+    elif config.tiny is not None:
+        model, family = _tiny_model(config.tiny), config.family
+        family = _guess_family(model.config) if family == "auto" else family
+    else:
+        path = config.model
+        if not os.path.isdir(path):
+            raise MissingWeightsError(
+                f"agents.{name}.model: {path!r} is not a local folder. agentcap loads weights from disk "
+                f"only; download them first, or run an offline demo recipe from {demo_hint} "
+                "(e.g. `agentcap fit --config configs/demo/read.yaml`)."
+            )
+        if os.path.isfile(os.path.join(path, "toy_config.json")):
+            from agentcap.agents.toy import ToyMediaLM
+
+            model, family = ToyMediaLM.from_pretrained(path), "toy"
+        else:
+            model = _load_hf_model(path, config, dtype)
+            family = _guess_family(model.config) if config.family == "auto" else config.family
+            if family in ("vision", "audio"):
+                from transformers import AutoProcessor
+
+                processor = AutoProcessor.from_pretrained(
+                    config.tokenizer or path, trust_remote_code=config.trust_remote_code
+                )
+                tokenizer = processor.tokenizer
+    model = model.to(dtype)
+    if tokenizer is None:
+        raise ValueError(f"agents.{name}: no tokenizer (set tokenizer, model or build_tokenizer_from)")
+    return Agent(
+        name,
+        model,
+        tokenizer,
+        family=family,
+        processor=processor,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        lr=config.lr,
+    )
+
+
+def _load_tokenizer(name: str, config: AgentConfig):
+    if config.build_tokenizer_from:
+        from agentcap.agents.tokenizer import build_word_tokenizer
+
+        texts = []
+        for path in config.build_tokenizer_from:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(
+                    f"agents.{name}.build_tokenizer_from: {path!r} not found (generate the toy world "
+                    "first: see the README's demo command)"
+                )
+            with open(path, encoding="utf-8") as handle:
+                texts.extend(handle.read().splitlines())
+        return build_word_tokenizer(texts)
+    source = config.tokenizer or config.model
+    if source is None:
+        return None
+    if not os.path.isdir(source):
+        return None  # reported by the model branch with the demo hint
+    from transformers import AutoTokenizer
+
+    kwargs = {"gguf_file": config.gguf_file} if config.gguf_file else {}
+    tok = AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code, **kwargs)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def _load_hf_model(path: str, config: AgentConfig, dtype):
+    import transformers
+
+    kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": config.trust_remote_code}
+    if config.gguf_file:
+        kwargs["gguf_file"] = config.gguf_file
+    hf_config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    for auto in ("AutoModelForImageTextToText", "AutoModelForCausalLM"):
+        cls = getattr(transformers, auto)
+        if type(hf_config) in cls._model_mapping:
+            return cls.from_pretrained(path, **kwargs)
+    raise ValueError(f"{path}: model type {hf_config.model_type!r} has no generative head agentcap can load")
+
+
+def _tiny_model(spec: dict[str, Any]):
+    """Build a random model of a real architecture class from an HF config dict (tests, demos)."""
+    import transformers
+
+    spec = dict(spec)
+    architecture = spec.pop("architecture", None)
+    model_type = spec.pop("model_type")
+    hf_config = transformers.AutoConfig.for_model(model_type, **spec)
+    if architecture:
+        return getattr(transformers, architecture)(hf_config)
+    for auto in ("AutoModelForImageTextToText", "AutoModelForCausalLM"):
+        cls = getattr(transformers, auto)
+        if type(hf_config) in cls._model_mapping:
+            return cls.from_config(hf_config)
+    raise ValueError(f"tiny model_type {model_type!r} has no generative head")
+
+
+def _guess_family(hf_config) -> str:
+    kind = getattr(hf_config, "model_type", "")
+    if "vl" in kind:
+        return "vision"
+    if "audio" in kind or "omni" in kind:
+        return "audio"
+    return "causal_lm"

@@ -1,0 +1,149 @@
+"""The tiny media language model of the offline demos.
+
+A real HF causal LM (Llama class, tiny config) reads a prefix of media embeddings followed by the
+chat prompt. The media encoder is either a projector over precomputed clip features (toy movie,
+READ) or a torchaudio mel front end with a small strided convolution encoder (toy soundscapes).
+Audio is encoded at a fixed frame rate, so a prefix position is a point in time and a caption's
+timestamps are learnable. Every row of a batch is laid out ``[pad…][media][prompt][completion]`` so
+position ids are the same under generation and under the training forward pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+import torch.nn as nn
+
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+@dataclass
+class ToyConfig:
+    vocab_size: int
+    media: Literal["features", "audio", "none"] = "features"
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 128
+    feature_dim: int = 32
+    sample_rate: int = 16000
+    n_mels: int = 32
+    tokens_per_second: float = 4.0
+    max_positions: int = 1024
+    pad_token_id: int = 0
+    eos_token_id: int = 1
+    bos_token_id: int = 2
+
+
+class ToyMediaLM(nn.Module):
+    """Media encoder → prefix embeddings → tiny Llama (see module docstring)."""
+
+    def __init__(self, config: ToyConfig):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.lm = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=config.vocab_size,
+                hidden_size=h,
+                intermediate_size=config.intermediate_size,
+                num_hidden_layers=config.num_layers,
+                num_attention_heads=config.num_heads,
+                num_key_value_heads=config.num_heads,
+                max_position_embeddings=config.max_positions,
+                pad_token_id=config.pad_token_id,
+                eos_token_id=config.eos_token_id,
+                bos_token_id=config.bos_token_id,
+                tie_word_embeddings=True,
+            )
+        )
+        if config.media == "features":
+            self.encoder = nn.Sequential(nn.Linear(config.feature_dim, h), nn.GELU(), nn.Linear(h, h))
+        elif config.media == "audio":
+            import torchaudio
+
+            hop = 160  # 10 ms frames at 16 kHz
+            self.mel = torchaudio.transforms.MelSpectrogram(
+                sample_rate=config.sample_rate, n_fft=400, hop_length=hop, n_mels=config.n_mels
+            )
+            stride = max(1, round(config.sample_rate / hop / config.tokens_per_second))
+            self.encoder = nn.Sequential(
+                nn.Conv1d(config.n_mels, h, kernel_size=3, padding=1),
+                nn.GELU(),
+                nn.Conv1d(h, h, kernel_size=stride, stride=stride),
+                nn.GELU(),
+            )
+            self.frame_position = nn.Embedding(256, h)
+        self.generation_config = self.lm.generation_config
+
+    # --- media ----------------------------------------------------------------------------------
+    def encode_media(self, media: list[dict]) -> list[torch.Tensor]:
+        """One [P_i, H] prefix per row; P_i is 0 for a text-only model."""
+        device = self.lm.get_input_embeddings().weight.device
+        if self.config.media == "none":
+            return [torch.zeros(0, self.config.hidden_size, device=device) for _ in media]
+        out = []
+        for item in media:
+            if self.config.media == "features":
+                x = torch.as_tensor(item["features"], dtype=torch.float32, device=device)  # [frames, D]
+                out.append(self.encoder(x))
+            else:
+                wave = torch.as_tensor(item["waveform"], dtype=torch.float32, device=device)  # [S]
+                mel = torch.log(self.mel(wave) + 1e-5)  # [n_mels, frames]
+                z = self.encoder(mel.unsqueeze(0)).squeeze(0).transpose(0, 1)  # [P, H]
+                z = z[: self.frame_position.num_embeddings]
+                pos = torch.arange(z.shape[0], device=device)
+                out.append(z + self.frame_position(pos))
+        return out
+
+    def _layout(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: list[dict]):
+        """Left-padded ``[pad][media][tokens]`` embeddings, mask and position ids."""
+        embed = self.lm.get_input_embeddings()
+        tokens = embed(input_ids)  # [B, L, H]
+        prefixes = self.encode_media(media)
+        lengths = attention_mask.sum(dim=1).tolist()
+        total = max(p.shape[0] + n for p, n in zip(prefixes, lengths))
+        b, h = input_ids.shape[0], tokens.shape[-1]
+        rows, masks = [], []
+        for i, (prefix, n) in enumerate(zip(prefixes, lengths)):
+            real = tokens[i][attention_mask[i].bool()]  # [n, H]
+            pad = total - prefix.shape[0] - n
+            rows.append(torch.cat([tokens.new_zeros(pad, h), prefix.to(tokens.dtype), real]))
+            masks.append(torch.cat([attention_mask.new_zeros(pad), attention_mask.new_ones(total - pad)]))
+        inputs_embeds, mask = torch.stack(rows), torch.stack(masks)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        return inputs_embeds, mask, positions
+
+    # --- the two calls the Agent makes ----------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: list[dict]) -> torch.Tensor:
+        """Logits over the token part of the sequence, aligned with ``input_ids``: [B, L, V]."""
+        embeds, mask, positions = self._layout(input_ids, attention_mask, media)
+        logits = self.lm(inputs_embeds=embeds, attention_mask=mask, position_ids=positions).logits
+        # tokens sit right-aligned in every row, so the last L positions are the token positions
+        return logits[:, -input_ids.shape[1] :]
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: list[dict], **kwargs):
+        embeds, mask, _ = self._layout(input_ids, attention_mask, media)
+        return self.lm.generate(inputs_embeds=embeds, attention_mask=mask, **kwargs)
+
+    # --- persistence ----------------------------------------------------------------------------
+    def save_pretrained(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "toy_config.json"), "w") as handle:
+            json.dump(asdict(self.config), handle, indent=1)
+        torch.save(self.state_dict(), os.path.join(path, "toy_model.pt"))
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "ToyMediaLM":
+        with open(os.path.join(path, "toy_config.json")) as handle:
+            model = cls(ToyConfig(**json.load(handle)))
+        state = torch.load(os.path.join(path, "toy_model.pt"), weights_only=True, map_location="cpu")
+        model.load_state_dict(state)
+        return model
+
+

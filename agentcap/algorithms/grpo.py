@@ -1,0 +1,101 @@
+"""GRPO: group-relative advantages and the clipped objective with a KL penalty.
+
+Follows READ Eq. 1–2 and AudioMap Eq. 1. Departures, and why:
+
+1. Advantages divide by ``std + eps`` (AudioMap's δ) with the population std; a group whose
+   rewards are all equal gets exactly zero advantage (never NaN), as with READ Eq. 1 in the limit.
+2. The ratio is per token (AudioMap's ρ_{i,t}); READ writes it per sequence, which for a clipped
+   objective is numerically fragile on long responses.
+3. KL uses the k3 estimator exp(r) − r − 1 with r = log π_ref − log π_θ, unbiased and positive.
+4. The loss is a weighted sum of per-token terms with weights that sum to one over the *global*
+   batch (token mode: 1/ΣM, LOOP Eq. 21; sequence mode: 1/(T_i·N), AudioMap Eq. 1). Passing the
+   global normaliser keeps a data-parallel run equal to a single-process one when gradients are
+   summed across ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, groups: Sequence[int] | torch.Tensor, eps: float = 1e-6):
+    """A_i = (R_i − mean_g R) / (std_g R + eps) within each group g (READ Eq. 1): [N] → [N]."""
+    rewards = torch.as_tensor(rewards, dtype=torch.float64)
+    groups = torch.as_tensor(groups)
+    advantages = torch.zeros_like(rewards)
+    for g in torch.unique(groups):
+        members = groups == g
+        r = rewards[members]
+        centred = r - r.mean()
+        std = r.std(unbiased=False)
+        advantages[members] = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+    return advantages
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(π_θ ‖ π_ref) estimate exp(r) − r − 1, r = log π_ref − log π_θ: [N, T]."""
+    r = ref_logprobs - logprobs
+    return torch.exp(r) - r - 1.0
+
+
+def token_weights(
+    mask: torch.Tensor, normalizer: float | None = None, mode: Literal["token", "sequence"] = "token"
+) -> torch.Tensor:
+    """Weights over tokens that sum to one over the (global) batch: [N, T]."""
+    mask = mask.to(torch.float32)
+    if mode == "token":
+        total = float(mask.sum()) if normalizer is None else float(normalizer)
+        return mask / max(total, 1.0)
+    lengths = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+    rows = float(mask.shape[0]) if normalizer is None else float(normalizer)
+    return mask / lengths / max(rows, 1.0)
+
+
+def clipped_objective(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    beta: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Clipped surrogate minus β·KL, as a loss to minimise.
+
+    Shapes: logprobs, old_logprobs, mask, ref_logprobs [N, T]; advantages [N] (one per sequence,
+    GRPO) or [N, T] (span-aligned, LOOP-GRPO Eq. 18). ``weights`` [N, T] from :func:`token_weights`.
+    """
+    mask = mask.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(logprobs)
+    advantages = advantages.to(logprobs.dtype)
+    if weights is None:
+        weights = token_weights(mask)
+    weights = weights.to(logprobs.dtype)
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(logprobs - old_logprobs)  # ρ_{i,t}  # [N, T]
+    clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
+    surrogate = torch.minimum(ratio * advantages, clipped * advantages)  # [N, T]
+    pg_loss = -(surrogate * weights).sum()
+    with torch.no_grad():
+        was_clipped = ((ratio < 1.0 - clip_eps) & (advantages < 0)) | ((ratio > 1.0 + high) & (advantages > 0))
+        clipfrac = (was_clipped.to(weights.dtype) * weights).sum()
+        ratio_mean = (ratio * weights).sum()
+    if beta > 0.0:
+        if ref_logprobs is None:
+            raise ValueError("beta > 0 needs ref_logprobs from the frozen reference model")
+        kl = (kl_k3(logprobs, ref_logprobs) * weights).sum()
+    else:
+        kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    return {
+        "loss": pg_loss + beta * kl,
+        "pg_loss": pg_loss.detach(),
+        "kl": kl.detach(),
+        "clipfrac": clipfrac,
+        "ratio": ratio_mean,
+    }

@@ -1,0 +1,110 @@
+"""The ``agentcap`` command: LightningCLI's fit / validate / test / predict, plus ``envs`` and ``caption``.
+
+``fit`` resumes from ``<run_dir>/checkpoints/last.ckpt`` when it exists, so re-running a killed
+command continues at the same stage and step. Unknown keys and wrong types are refused by
+jsonargparse before anything is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from lightning.pytorch.cli import LightningCLI
+
+from agentcap.callbacks import SampleTable, TickCheckpoint
+from agentcap.module import GRPOModule
+from agentcap.strategies import GRPODDPStrategy
+
+
+class AgentcapCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--checkpoint_every", type=int, default=10, help="Ticks between checkpoints.")
+        parser.set_defaults(
+            {
+                "trainer.max_epochs": 1,
+                "trainer.num_sanity_val_steps": 0,
+                "trainer.enable_checkpointing": False,
+                "trainer.log_every_n_steps": 1,
+                "trainer.accelerator": "auto",
+            }
+        )
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        trainer = config.get("trainer", {})
+        # DDP's reducer cannot follow a trainable agent that changes between stages; the module
+        # sums gradients itself, so plain "ddp" means our unwrapped variant.
+        if trainer.get("strategy") in ("ddp", "ddp_spawn", "ddp_find_unused_parameters_true"):
+            start = "spawn" if trainer["strategy"] == "ddp_spawn" else "popen"
+            trainer["strategy"] = GRPODDPStrategy(start_method=start)
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        every = (self.config.get(self.subcommand, self.config) if self.subcommand else self.config).get(
+            "checkpoint_every", 10
+        )
+        self.trainer.callbacks.append(TickCheckpoint(every=every))
+        self.trainer.callbacks.append(SampleTable())
+
+    def before_fit(self) -> None:
+        kwargs = self.config_init[self.subcommand]
+        last = TickCheckpoint.path(self.model.run_dir)
+        if kwargs.get("ckpt_path") is None and os.path.isfile(last):
+            kwargs["ckpt_path"] = last
+            if self.trainer.is_global_zero:
+                print(f"agentcap: resuming from {last}", file=sys.stderr)
+
+    def after_fit(self) -> None:
+        if self.trainer.is_global_zero:
+            path = self.model.write_summary()
+            print(os.path.abspath(path))
+
+
+def envs_command(argv: list[str]) -> int:
+    """``agentcap envs``: every registered agentcap environment, one line each."""
+    import gymnasium as gym
+
+    import agentcap  # noqa: F401  (registers the built-ins)
+
+    for module in argv:
+        __import__(module)
+    for env_id, spec in sorted(gym.registry.items()):
+        entry = spec.entry_point if isinstance(spec.entry_point, str) else spec.entry_point.__module__
+        if env_id.startswith("agentcap/") or argv:
+            summary = _first_doc_line(spec)
+            print(f"{env_id:32s} {entry:48s} {summary}")
+    return 0
+
+
+def _first_doc_line(spec: Any) -> str:
+    try:
+        from gymnasium.envs.registration import load_env_creator
+
+        creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+        return (creator.__doc__ or "").strip().splitlines()[0]
+    except Exception as err:  # an env whose module fails to import is still listed
+        return f"(cannot import: {err})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("WANDB_MODE", "offline" if not os.environ.get("WANDB_API_KEY") else "online")
+    if argv and argv[0] == "envs":
+        raise SystemExit(envs_command(argv[1:]))
+    if argv and argv[0] == "caption":
+        from agentcap.inference import caption_command
+
+        raise SystemExit(caption_command(argv[1:]))
+    AgentcapCLI(
+        GRPOModule,
+        datamodule_class=None,
+        args=argv,
+        save_config_kwargs={"overwrite": True},
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""Manifests, media loading and the index data module.
+
+Every error names the file, the row and the field, so a user can fix a bad manifest in one go.
+Rows that cannot be used are either refused at load (``on_error="raise"``) or skipped and counted
+(``on_error="skip"``); a load that loses more than ``max_skip_fraction`` of its rows stops.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+class ManifestError(ValueError):
+    """A manifest row, or a file it points to, is unusable. The message names file, row and field."""
+
+
+def resolve(path: str, manifest: str | None) -> str:
+    """Media paths in a manifest are relative to the manifest's folder unless absolute."""
+    if manifest is None or os.path.isabs(path):
+        return path
+    return str(Path(manifest).parent / path)
+
+
+@dataclass
+class SkipReport:
+    """How many rows a load refused, and why; logged by the module so nothing is lost silently."""
+
+    total: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def fraction(self) -> float:
+        return len(self.skipped) / max(self.total, 1)
+
+
+def read_manifest(
+    path: str,
+    required: dict[str, type | tuple[type, ...]] | None = None,
+    check: Callable[[dict[str, Any], str], None] | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+    max_skip_fraction: float = 0.1,
+    report: SkipReport | None = None,
+) -> list[dict[str, Any]]:
+    """Read a JSONL manifest; each row is checked for ``required`` fields and by ``check``."""
+    if not os.path.isfile(path):
+        raise ManifestError(f"{path}: manifest not found")
+    report = report if report is not None else SkipReport()
+    rows: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            report.total += 1
+            where = f"{path}:{number}"
+            try:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ManifestError(f"{where}: not valid JSON ({err.msg})") from None
+                if not isinstance(row, dict):
+                    raise ManifestError(f"{where}: expected a JSON object, got {type(row).__name__}")
+                for name, kind in (required or {}).items():
+                    if name not in row:
+                        raise ManifestError(f"{where}: missing field {name!r} (row has {sorted(row)})")
+                    if not isinstance(row[name], kind):
+                        raise ManifestError(
+                            f"{where}: field {name!r} must be {_type_name(kind)}, got {row[name]!r}"
+                        )
+                row["_where"] = where
+                row["_manifest"] = path
+                if check is not None:
+                    check(row, where)
+            except ManifestError as err:
+                if on_error == "raise":
+                    raise
+                report.skipped.append(str(err))
+                continue
+            rows.append(row)
+    if report.fraction > max_skip_fraction:
+        shown = "\n  ".join(report.skipped[:5])
+        raise ManifestError(
+            f"{path}: {len(report.skipped)} of {report.total} rows are unusable "
+            f"(more than max_skip_fraction={max_skip_fraction}); first ones:\n  {shown}"
+        )
+    return rows
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(k.__name__ for k in kind)
+    return kind.__name__
+
+
+def load_features(path: str, where: str = "") -> np.ndarray:
+    """Precomputed clip features (``.npy``), as float32."""
+    if not os.path.isfile(path):
+        raise ManifestError(f"{where}: feature file {path!r} not found")
+    try:
+        return np.load(path, allow_pickle=False).astype(np.float32)
+    except (ValueError, OSError) as err:
+        raise ManifestError(f"{where}: feature file {path!r} is unreadable ({err})") from None
+
+
+def load_audio(path: str, sample_rate: int, where: str = "", max_seconds: float | None = None) -> np.ndarray:
+    """Mono float32 waveform at ``sample_rate``; any format soundfile reads (wav, flac, ogg, mp3)."""
+    import soundfile
+    import torchaudio.functional as AF
+
+    if not os.path.isfile(path):
+        raise ManifestError(f"{where}: audio file {path!r} not found")
+    if os.path.getsize(path) == 0:
+        raise ManifestError(f"{where}: audio file {path!r} is empty")
+    try:
+        wave, rate = soundfile.read(path, dtype="float32", always_2d=True)
+    except Exception as err:  # soundfile raises its own LibsndfileError and RuntimeError kinds
+        raise ManifestError(f"{where}: audio file {path!r} is corrupt or unsupported ({err})") from None
+    if wave.shape[0] == 0:
+        raise ManifestError(f"{where}: audio file {path!r} has no samples")
+    mono = torch.from_numpy(wave.mean(axis=1))
+    if rate != sample_rate:
+        mono = AF.resample(mono, rate, sample_rate)
+    if max_seconds is not None:
+        mono = mono[: int(max_seconds * sample_rate)]
+    return mono.numpy().astype(np.float32)
+
+
+def audio_duration(path: str, where: str = "") -> float:
+    import soundfile
+
+    try:
+        info = soundfile.info(path)
+    except Exception as err:
+        raise ManifestError(f"{where}: audio file {path!r} is unreadable ({err})") from None
+    return float(info.frames) / float(info.samplerate)
+
+
+# --- batches of item indices -----------------------------------------------------------------
+class IndexDataset(Dataset):
+    """The items of an environment, as indices: the env itself owns loading and gold data."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class CurriculumSampler(Sampler[int]):
+    """Duration curriculum (AudioMap): short clips first, then the full range.
+
+    For the first ``warm_epochs`` passes only items at most ``max_duration`` long are drawn;
+    afterwards every item is. Order within a pass is a seeded shuffle, so runs repeat exactly.
+    """
+
+    def __init__(
+        self,
+        durations: Sequence[float],
+        max_duration: float = math.inf,
+        warm_epochs: int = 0,
+        seed: int = 0,
+        num_samples: int | None = None,
+    ):
+        self.durations = list(durations)
+        self.max_duration = max_duration
+        self.warm_epochs = warm_epochs
+        self.seed = seed
+        self.epoch = 0
+        self.num_samples = num_samples or len(self.durations)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def eligible(self) -> list[int]:
+        if self.epoch < self.warm_epochs:
+            short = [i for i, d in enumerate(self.durations) if d <= self.max_duration]
+            if short:
+                return short
+        return list(range(len(self.durations)))
+
+    def __iter__(self):
+        pool = self.eligible()
+        rng = np.random.default_rng(self.seed + self.epoch)
+        order: list[int] = []
+        while len(order) < self.num_samples:
+            order.extend(rng.permutation(pool).tolist())
+        self.epoch += 1
+        return iter(order[: self.num_samples])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def index_loader(
+    n: int,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    sampler: Sampler[int] | None = None,
+) -> DataLoader:
+    """Batches of item indices; a ``CurriculumSampler`` may replace the plain shuffle."""
+    generator = torch.Generator().manual_seed(seed)
+    if sampler is not None:
+        return DataLoader(IndexDataset(n), batch_size=batch_size, sampler=sampler, drop_last=False)
+    return DataLoader(
+        IndexDataset(n), batch_size=batch_size, shuffle=shuffle, generator=generator, drop_last=False
+    )

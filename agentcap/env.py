@@ -1,0 +1,107 @@
+"""The base class of every agentcap environment.
+
+A task subclasses :class:`CaptionEnv` and writes three methods: ``begin`` (the first observation of
+an episode), ``advance`` (apply one text action, return the next observation or ``None`` when the
+episode is over) and ``score`` (turn a *batch* of finished episodes into :class:`Score` records).
+Scoring is batched because the model-based scorers (examiners, the coherence LM) must see many
+queries per forward pass and some rewards rank the G rollouts of an item against each other; the
+rollout driver therefore builds its environments with ``defer_scoring=True`` and calls ``score``
+once per batch, while a plain ``gymnasium.make`` user gets the reward from ``step`` as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+
+from agentcap.data import read_manifest
+from agentcap.episode import Action, Episode, Score
+from agentcap.spaces import FreeText, observation_space
+
+
+class CaptionEnv(gym.Env):
+    """A text-action environment over a manifest of items (see module docstring)."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+    #: Fields every manifest row must carry, with their types; checked on load.
+    required_fields: dict[str, type | tuple[type, ...]] = {}
+
+    def __init__(
+        self,
+        manifest: str | None = None,
+        items: Sequence[dict[str, Any]] | None = None,
+        defer_scoring: bool = False,
+    ):
+        if (manifest is None) == (items is None):
+            raise ValueError(f"{type(self).__name__}: give exactly one of `manifest` or `items`")
+        self.manifest = manifest
+        if manifest is not None:
+            self.items = read_manifest(manifest, self.required_fields, check=self.check_item)
+        else:
+            self.items = list(items)
+        if not self.items:
+            raise ValueError(f"{type(self).__name__}: no items in {manifest or 'items'}")
+        self.defer_scoring = defer_scoring
+        self.observation_space = observation_space()
+        self.action_space = FreeText()
+        self.episode: Episode | None = None
+        self._obs: dict[str, Any] | None = None
+
+    # --- what a task writes -------------------------------------------------------------------
+    def check_item(self, row: dict[str, Any], where: str) -> None:
+        """Raise a ``ManifestError`` naming ``where`` (file:line) when a row is unusable."""
+
+    def begin(self, episode: Episode) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def advance(self, episode: Episode, action: str) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def score(self, episodes: Sequence[Episode]) -> list[Score]:
+        raise NotImplementedError
+
+    # --- gymnasium API ------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        if "item" in options:
+            item, index = options["item"], -1
+        else:
+            index = int(options.get("index", self.np_random.integers(len(self.items))))
+            if not 0 <= index < len(self.items):
+                raise IndexError(f"reset(options={{'index': {index}}}): only {len(self.items)} items")
+            item = self.items[index]
+        self.episode = Episode(item=item, group=int(options.get("group", 0)))
+        self._obs = self.begin(self.episode)
+        return self._obs, {"index": index}
+
+    def step(self, action: str):
+        if self.episode is None or self._obs is None:
+            raise RuntimeError("call reset() before step()")
+        if not isinstance(action, str):
+            raise TypeError(f"actions are text; got {type(action).__name__}: {action!r}")
+        episode, acting = self.episode, self._obs["agent"]
+        n_before = len(episode.actions)
+        next_obs = self.advance(episode, action)
+        kind = episode.actions[n_before].kind if len(episode.actions) > n_before else "none"
+        info: dict[str, Any] = {"agent": acting, "action_kind": kind}
+        if next_obs is not None:
+            self._obs = next_obs
+            return next_obs, 0.0, False, False, info
+        info["episode"] = episode
+        if self.defer_scoring:
+            return self._obs, 0.0, True, False, info
+        score = self.score([episode])[0]
+        info.update(score=score, rewards=dict(score.components), utilities=list(score.utilities))
+        return self._obs, float(score.reward), True, False, info
+
+    # --- helpers for subclasses ---------------------------------------------------------------
+    @staticmethod
+    def record(episode: Episode, agent: str, kind: str, text: str) -> None:
+        episode.actions.append(Action(agent=agent, kind=kind, text=text))
+
+    @staticmethod
+    def observation(agent: str, messages: list[dict[str, str]], media: dict[str, Any] | None = None):
+        return {"agent": agent, "messages": messages, "media": dict(media or {})}

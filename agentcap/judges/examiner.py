@@ -1,0 +1,402 @@
+"""Cloze / MCQ examiners: a frozen judge that reads ONLY a caption and answers a question about it.
+
+The evidence rewards (AudioMap ESR, Eq. 2–3; ACE-Cap G2P, Eq. 2–3) need one letter A–E per
+(caption, question) pair. Every examiner is pairwise: caption i answers question i, so a reward
+can flatten a whole batch of banks into one call.
+
+- :class:`LLMExaminer` — any HF causal LM. It reads the next-token logits at the answer position
+  restricted to the five letter ids, in one forward pass per batch: no free generation, hence no
+  parsing failures, and the cost is one prompt encoding per question.
+- :class:`RuleExaminer` — deterministic string matching, for the offline toy worlds ONLY (their
+  captions are templated, so matching attribute words is an exact judge there). It is not a
+  substitute for an LLM judge on real captions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from agentcap.data import ManifestError
+
+LETTERS = ("A", "B", "C", "D", "E")
+GOLD_LETTERS = LETTERS[:4]
+NOT_GIVEN = "Not given"
+
+INSTRUCTION = (
+    "Read the caption and answer the question using only what the caption says. "
+    "Choose A, B, C or D only if the caption explicitly states or clearly entails that option; "
+    "otherwise choose E (Not given). Reply with a single letter."
+)
+
+
+# --- questions ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Question:
+    """One cloze / MCQ item: a passage with a blank, options A–E (E is "Not given"), a gold in A–D.
+
+    ``meta`` is free-form (the toy worlds put ``subject`` / ``attribute`` / ``event`` there); it
+    takes part in equality but not in the hash, so a question stays usable as a dict key.
+    """
+
+    passage: str
+    options: tuple[str, ...]
+    answer: str
+    meta: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        _check_question(self.passage, self.options, self.answer, self.meta, "Question")
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], where: str = "") -> "Question":
+        """Build from a manifest row; a bad row raises ``ManifestError`` naming ``where``, field, value."""
+        where = where or "question"
+        if not isinstance(row, Mapping):
+            raise ManifestError(f"{where}: a question must be a JSON object, got {row!r}")
+        for name in ("passage", "options", "answer"):
+            if name not in row:
+                raise ManifestError(f"{where}: question is missing field {name!r} (has {sorted(row)})")
+        options = row["options"]
+        if not isinstance(options, (list, tuple)):
+            raise ManifestError(f"{where}: field 'options' must be a list of 5 strings, got {options!r}")
+        answer = row["answer"]
+        if isinstance(answer, str):
+            answer = answer.strip().upper()
+        meta = row.get("meta") or {}
+        _check_question(row["passage"], tuple(options), answer, meta, where)
+        return cls(row["passage"], tuple(options), answer, dict(meta))
+
+    def prompt_text(self) -> str:
+        """The passage followed by the lettered options, as the examiner reads it."""
+        lines = [self.passage] + [f"{letter}. {text}" for letter, text in zip(LETTERS, self.options)]
+        return "\n".join(lines)
+
+
+def _check_question(passage: Any, options: tuple, answer: Any, meta: Any, where: str) -> None:
+    if not isinstance(passage, str) or not passage.strip():
+        raise ManifestError(f"{where}: field 'passage' must be a non-empty string, got {passage!r}")
+    if len(options) != 5:
+        raise ManifestError(
+            f"{where}: field 'options' must hold exactly 5 options (A–D and E='{NOT_GIVEN}'), "
+            f"got {len(options)}: {list(options)!r}"
+        )
+    for letter, text in zip(LETTERS, options):
+        if not isinstance(text, str) or not text.strip():
+            raise ManifestError(f"{where}: field 'options' option {letter} must be a non-empty string, got {text!r}")
+    if options[4].strip().lower() != NOT_GIVEN.lower():
+        raise ManifestError(f"{where}: field 'options' option E must be {NOT_GIVEN!r}, got {options[4]!r}")
+    seen: dict[str, str] = {}
+    for letter, text in zip(LETTERS, options):
+        key = text.strip().lower()
+        if key in seen:
+            raise ManifestError(
+                f"{where}: field 'options' has a duplicate option {text!r} (options {seen[key]} and {letter})"
+            )
+        seen[key] = letter
+    if answer == "E":
+        raise ManifestError(
+            f"{where}: field 'answer' is 'E', but E is '{NOT_GIVEN}' and can never be the gold answer; "
+            "the gold must be one of A, B, C, D"
+        )
+    if answer not in GOLD_LETTERS:
+        raise ManifestError(f"{where}: field 'answer' must be one of A, B, C, D, got {answer!r}")
+    if not isinstance(meta, Mapping):
+        raise ManifestError(f"{where}: field 'meta' must be an object, got {meta!r}")
+
+
+# --- the protocol --------------------------------------------------------------------------------
+@runtime_checkable
+class Examiner(Protocol):
+    """Answers question i from caption i only; returns one letter "A".."E" per pair."""
+
+    def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str]: ...
+
+
+def _check_pairs(captions: Sequence[str], others: Sequence[Any], what: str) -> None:
+    if len(captions) != len(others):
+        raise ValueError(f"examiner is pairwise: got {len(captions)} captions but {len(others)} {what}")
+    for i, caption in enumerate(captions):
+        if not isinstance(caption, str):
+            raise TypeError(f"caption {i} must be a string, got {type(caption).__name__}: {caption!r}")
+
+
+# --- the deterministic toy-world examiner --------------------------------------------------------
+_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences of a caption (decimal points such as "0.5 s" do not end one)."""
+    return [s for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def _word_pattern(phrase: str, plural: bool = False) -> re.Pattern[str]:
+    words = r"\s+".join(re.escape(w) for w in phrase.split())
+    suffix = r"(?:e?s)?" if plural else ""
+    return re.compile(rf"(?<![\w-]){words}{suffix}(?![\w-])", re.IGNORECASE)
+
+
+class RuleExaminer:
+    """Deterministic judge for the offline toy worlds ONLY (templated captions, attribute words).
+
+    With ``meta["subject"]`` (e.g. "beep"), only the caption sentences that mention the subject
+    (whole word, plural allowed) are read; without it, the whole caption is. Options A–D are
+    searched as whole words, longest first, and a shorter option inside an already matched longer
+    one does not count ("very high" hides its "high"). Exactly one option found → its letter; none,
+    or a subject the caption never mentions → "E"; several → the one found first in the text.
+    """
+
+    def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str]:
+        _check_pairs(captions, questions, "questions")
+        return [self._answer_one(c, q) for c, q in zip(captions, questions)]
+
+    def _answer_one(self, caption: str, question: Question) -> str:
+        subject = question.meta.get("subject") if question.meta else None
+        if subject:
+            pattern = _word_pattern(str(subject), plural=True)
+            text = " ".join(s for s in sentences(caption) if pattern.search(s))
+        else:
+            text = caption
+        if not text.strip():
+            return "E"
+        claimed: list[tuple[int, int]] = []
+        first_at: dict[str, int] = {}
+        order = sorted(range(4), key=lambda k: -len(question.options[k]))
+        for k in order:
+            for match in _word_pattern(question.options[k]).finditer(text):
+                span = match.span()
+                if any(span[0] < end and start < span[1] for start, end in claimed):
+                    continue
+                claimed.append(span)
+                first_at.setdefault(LETTERS[k], span[0])
+        if not first_at:
+            return "E"
+        return min(first_at, key=lambda letter: first_at[letter])
+
+
+# --- HF causal LM plumbing shared by the LLM judges ---------------------------------------------
+def load_causal_lm(
+    path: str | os.PathLike,
+    gguf_file: str | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+):
+    """(model, tokenizer) from a local folder, optionally from a GGUF file inside it.
+
+    A GGUF checkpoint is de-quantised at every load (tens of seconds on a CPU), and transformers
+    refuses to ``save_pretrained`` a model loaded through its GGUF quantizer even when every weight
+    is already dense. With ``cache_dir``, the dense model is saved there once (written to a
+    temporary folder, then renamed, so concurrent first loads do not collide) and later loads read
+    that copy in well under a second. ``trust_remote_code`` stays off.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    dtype = dtype or torch.float32
+    source = Path(path)
+    if gguf_file is not None and cache_dir is not None and (Path(cache_dir) / "config.json").is_file():
+        source, gguf_file = Path(cache_dir), None
+    if not source.exists():
+        raise FileNotFoundError(f"model folder {str(source)!r} not found (no hub download is attempted)")
+    kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+    if gguf_file and cache_dir is not None:
+        _save_dense_copy(model, tokenizer, Path(cache_dir))
+    return model.to(device).eval(), tokenizer
+
+
+def _save_dense_copy(model, tokenizer, target: Path) -> None:
+    packed = [type(m).__name__ for m in model.modules() if "gguf" in type(m).__name__.lower()]
+    if packed:  # weights still in GGUF blocks: there is no dense copy to write
+        return
+    # The weights are plain tensors; only the loader's bookkeeping marks the model as quantized.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)
+    except OSError:  # another process renamed its copy first; theirs is as good as ours
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+class CausalLMJudge:
+    """A frozen causal LM that reads prompts: chat template when the tokenizer has one, plain text
+    otherwise; left padding with explicit position ids, so a batched row equals the row alone."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 32):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.chat = bool(getattr(tokenizer, "chat_template", None))
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def render(self, user_text: str, answer_cue: str = "Answer:") -> str:
+        """The full prompt; the model's next token starts the answer."""
+        if self.chat:
+            messages = [{"role": "user", "content": user_text}]
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return f"{user_text}\n{answer_cue}"
+
+    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
+        # A chat template writes its own special tokens; a plain prompt gets the tokenizer's (BOS).
+        return [self.tokenizer(p, add_special_tokens=not self.chat).input_ids for p in prompts]
+
+    def batch_tensors(self, ids: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+        width = max(len(x) for x in ids)
+        input_ids = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for row, x in enumerate(ids):
+            input_ids[row, width - len(x) :] = torch.tensor(x, dtype=torch.long)
+            mask[row, width - len(x) :] = 1
+        return {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device)}
+
+    def batches(self, ids: Sequence[Sequence[int]]):
+        """Index groups of at most ``batch_size``, similar lengths together (less padding)."""
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        for start in range(0, len(order), self.batch_size):
+            yield order[start : start + self.batch_size]
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
+        """Greedy continuations (new text only), batched."""
+        ids = self.encode(prompts)
+        out: list[str] = [""] * len(prompts)
+        eos = self.tokenizer.eos_token_id
+        for group in self.batches(ids):
+            batch = self.batch_tensors([ids[i] for i in group])
+            new = self.model.generate(
+                **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.pad_id,
+                eos_token_id=eos,
+            )[:, batch["input_ids"].shape[1] :]
+            for row, i in enumerate(group):
+                out[i] = self.tokenizer.decode(new[row], skip_special_tokens=True)
+        return out
+
+
+def _unique(keys: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    """Distinct keys in first-seen order, and for each input the index of its distinct key."""
+    index: dict[Any, int] = {}
+    inverse = [index.setdefault(k, len(index)) for k in keys]
+    return list(index), inverse
+
+
+_LETTER_IN_TEXT = re.compile(r"(?<![A-Za-z])([A-E])(?![A-Za-z])")
+
+
+def parse_letter(text: str) -> str | None:
+    """The first standalone capital A–E in a generated answer, or None."""
+    match = _LETTER_IN_TEXT.search(text)
+    return match.group(1) if match else None
+
+
+# --- the LLM examiner -----------------------------------------------------------------------------
+class LLMExaminer(CausalLMJudge):
+    """Answers by the next-token logits of the letters A–E at the answer position (AudioMap Eq. 2).
+
+    The prompt holds the instruction, the caption and the question with its lettered options —
+    nothing else (no audio, no gold caption). Identical (caption, question) pairs are scored once.
+
+    Letter ids: tokenizers differ on whether the answer letter is "A" or " A" (and chat templates
+    end in "\\n" or a space). The ids used are the ones the tokenizer produces for the letter
+    appended to a real prompt — the first token after the prompt's own ids — trying the letter
+    directly after the prompt and then after one space, and taking the first variant that leaves
+    the prompt's ids intact and gives five distinct known ids. They are found once, on the first
+    batch; every prompt ends with the same template tail, so they hold for all prompts.
+    """
+
+    def __init__(self, model, tokenizer, batch_size: int = 32):
+        super().__init__(model, tokenizer, batch_size)
+        self.letter_ids: list[int] | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        gguf_file: str | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        batch_size: int = 32,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> "LLMExaminer":
+        model, tokenizer = load_causal_lm(path, gguf_file=gguf_file, device=device, dtype=dtype, cache_dir=cache_dir)
+        return cls(model, tokenizer, batch_size=batch_size)
+
+    def prompt(self, caption: str, question: Question) -> str:
+        user = f"{INSTRUCTION}\n\nCaption: {caption}\n\nQuestion: {question.prompt_text()}"
+        return self.render(user)
+
+    def find_letter_ids(self, prompt: str) -> list[int]:
+        base = self.encode([prompt])[0]
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        for gap in ("", " "):
+            ids = []
+            for letter in LETTERS:
+                full = self.encode([prompt + gap + letter])[0]
+                if len(full) <= len(base) or full[: len(base)] != base:
+                    break
+                ids.append(full[len(base)])
+            if len(ids) == 5 and len(set(ids)) == 5 and unk not in ids:
+                return ids
+        raise ValueError(
+            "cannot find five distinct token ids for the answer letters A–E after the prompt "
+            f"(tokenizer {type(self.tokenizer).__name__}); the examiner needs them in the vocabulary"
+        )
+
+    @torch.inference_mode()
+    def letter_logits(self, captions: Sequence[str], questions: Sequence[Question]) -> torch.Tensor:
+        """[N, 5] logits of A–E at the answer position for each pair (deduplicated internally)."""
+        _check_pairs(captions, questions, "questions")
+        if not captions:
+            return torch.zeros((0, 5))
+        # meta never reaches the prompt, so it does not split otherwise identical pairs
+        keys = [(c, q.passage, q.options) for c, q in zip(captions, questions)]
+        distinct, inverse = _unique(keys)
+        pair_of = dict(zip(keys, zip(captions, questions)))
+        prompts = [self.prompt(*pair_of[key]) for key in distinct]
+        if self.letter_ids is None:
+            self.letter_ids = self.find_letter_ids(prompts[0])
+        letter_ids = torch.tensor(self.letter_ids, device=self.device)
+        ids = self.encode(prompts)
+        scores = torch.empty((len(distinct), 5), dtype=torch.float32)
+        for group in self.batches(ids):  # one forward pass per batch
+            batch = self.batch_tensors([ids[i] for i in group])
+            positions = (batch["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)
+            logits = self.model(**batch, position_ids=positions, logits_to_keep=1).logits  # [B, 1, V]
+            scores[group] = logits[:, -1, letter_ids].float().cpu()
+        return scores[torch.tensor(inverse)]
+
+    def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str]:
+        return [LETTERS[k] for k in self.letter_logits(captions, questions).argmax(dim=1).tolist()]
+
+    def answer_by_generation(
+        self, captions: Sequence[str], questions: Sequence[Question], max_new_tokens: int = 8
+    ) -> list[str]:
+        """Free greedy generation, parsed for the first standalone A–E ("E" when none is found).
+
+        For the examiner benchmark only: it costs ``max_new_tokens`` decoding steps and can fail to
+        parse, which the letter-logit :meth:`answer` cannot.
+        """
+        _check_pairs(captions, questions, "questions")
+        texts = self.generate([self.prompt(c, q) for c, q in zip(captions, questions)], max_new_tokens)
+        return [parse_letter(t) or "E" for t in texts]

@@ -1,0 +1,76 @@
+"""The training schedule: an ordered list of stages, each training at most one agent.
+
+A stage is SFT of one role, GRPO of one role (plain GRPO and LOOP-GRPO are the same update: the
+environment's utilities carry the action kinds), or an evaluation of the held-out split. ACE-Cap's
+Algorithm 1 is such a list: SFT of each role → Captioner GRPO → Instruct GRPO → Composer LOOP-GRPO
+warm-up → N × (Instruct phase, Composer phase), with evaluations in between. Progress is one
+integer, the tick, so a run resumes in the middle of any stage from a checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass
+class Stage:
+    """One stage of the schedule.
+
+    Args:
+        name: label used in logs and in ``summary.json`` (e.g. ``S1``, ``after_grpo``).
+        kind: ``sft`` (supervised on the environment's demonstrations), ``grpo`` (rollout → utilities
+            → group-normalised advantages → clipped updates), ``evaluate`` (greedy rollouts on a
+            held-out split, means of every reward component).
+        agent: the role that trains in this stage (none for ``evaluate``).
+        steps: optimiser steps (one rollout batch each for ``grpo``); ``evaluate`` takes one tick.
+        split: the split an ``evaluate`` stage reads.
+        env: keyword overrides for the environment in this stage (reward weights, modes…).
+        lr: learning rate; defaults to the agent's.
+    """
+
+    name: str
+    kind: Literal["sft", "grpo", "evaluate"]
+    agent: str | None = None
+    steps: int = 1
+    split: Literal["train", "val", "test"] = "val"
+    env: dict[str, Any] = field(default_factory=dict)
+    lr: float | None = None
+
+    def ticks(self) -> int:
+        return 1 if self.kind == "evaluate" else self.steps
+
+
+class Schedule:
+    """Maps a global tick to (stage index, step inside the stage)."""
+
+    def __init__(self, stages: Sequence[Stage], agents: Sequence[str]):
+        if not stages:
+            raise ValueError("schedule: give at least one stage")
+        seen: set[str] = set()
+        for i, stage in enumerate(stages):
+            where = f"stages[{i}] ({stage.name!r})"
+            if stage.name in seen:
+                raise ValueError(f"{where}: stage names must be unique")
+            seen.add(stage.name)
+            if stage.kind in ("sft", "grpo"):
+                if stage.agent not in agents:
+                    raise ValueError(f"{where}: agent {stage.agent!r} is not one of the configured agents {sorted(agents)}")
+                if stage.steps < 1:
+                    raise ValueError(f"{where}: steps must be ≥ 1, got {stage.steps}")
+            elif stage.agent is not None:
+                raise ValueError(f"{where}: an evaluate stage trains no agent (got agent={stage.agent!r})")
+        self.stages = list(stages)
+        self.starts: list[int] = []
+        total = 0
+        for stage in self.stages:
+            self.starts.append(total)
+            total += stage.ticks()
+        self.total = total
+
+    def locate(self, tick: int) -> tuple[int, int]:
+        if not 0 <= tick < self.total:
+            raise IndexError(f"tick {tick} outside the schedule (0..{self.total - 1})")
+        index = max(i for i, start in enumerate(self.starts) if start <= tick)
+        return index, tick - self.starts[index]

@@ -1,0 +1,193 @@
+"""READ: audio description of one movie clip."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from agentcap.data import ManifestError, load_features, resolve
+from agentcap.env import CaptionEnv
+from agentcap.episode import Episode, Score
+
+AD_DEFINITION = (
+    "Audio Descriptions (ADs) are written narrations that describe the visual elements of a video, "
+    "including characters, actions, interactions, and scene settings, especially those not conveyed "
+    "through dialogue."
+)
+FORMAT_INSTRUCTION = (
+    "Put your reasoning in <think> </think> and the final description in <answer> </answer>."
+)
+
+
+class ADClipEnv(CaptionEnv):
+    """Audio description (AD) of a movie clip, in one step (READ, §3).
+
+    ## Description
+    The policy sees a clip (precomputed visual features, or frames) with its duration and the names
+    of the characters on screen, and writes one AD sentence. A configurable share of instances are
+    context-aware: the prompt also lists up to three previous ADs of the same movie (READ Listing 2);
+    the rest are plain clip→AD prompts (Listing 1). Which instances get context is a deterministic
+    function of the item id and ``mix_seed``, so the G rollouts of an item always share a prompt.
+
+    ## Action
+    Text: ``<think>…</think><answer>…</answer>``; only the answer is the AD.
+
+    ## Observation
+    ``{"agent": "policy", "messages": [user prompt], "media": {"features": [frames, dim]}}``
+    (``"frames"`` instead when the manifest row gives ``frames``).
+
+    ## Rewards
+    READ Eq. 6: accuracy (mean ROUGE-1/2/L F1, Eq. 3) + 0.08·format + 0.05·length (|wc(o) − wc(g)| ≤ Λ)
+    + 0.05·coherence (Eq. 4–5: masked mean log-prob under the coherence scorer, only for responses with
+    accuracy ≥ τ, top-k of the group get rank levels). Without a scorer the coherence term is 0.
+
+    ## Episode end
+    After the single action. ``info["utilities"]`` holds the total reward for that action.
+
+    ## Arguments
+    manifest: JSONL with ``id, duration, characters, ad, context`` and ``features`` (``.npy``) or
+    ``frames``. context_ratio: share of context-aware instances (READ: 3:1 → 0.75).
+    prompt: ``paper`` (Listings 1–2) or ``compact`` (a short prompt for the tiny offline models).
+    scorer: folder of the coherence LM (``tools/train_coherence_scorer.py``). weights, tau, top_k,
+    levels, tolerance, ngram: READ's reward constants.
+
+    ## Version history
+    v0: first version.
+    """
+
+    required_fields = {"id": str, "duration": (int, float), "characters": list, "ad": str, "context": list}
+
+    def __init__(
+        self,
+        manifest: str | None = None,
+        items: Sequence[dict[str, Any]] | None = None,
+        context_ratio: float = 0.75,
+        prompt: Literal["paper", "compact"] = "paper",
+        scorer: str | None = None,
+        scorer_device: str = "cpu",
+        weights: Mapping[str, float] | None = None,
+        tau: float = 0.12,
+        top_k: int = 2,
+        levels: Sequence[float] = (1.0, 0.5),
+        tolerance: int = 4,
+        ngram: int = 3,
+        mix_seed: int = 0,
+        defer_scoring: bool = False,
+    ):
+        if not 0.0 <= context_ratio <= 1.0:
+            raise ValueError(f"context_ratio must be in [0, 1], got {context_ratio}")
+        super().__init__(manifest=manifest, items=items, defer_scoring=defer_scoring)
+        self.context_ratio = context_ratio
+        self.prompt_style = prompt
+        self.scorer_path = scorer
+        self.scorer_device = scorer_device
+        self.weights = dict(weights or {"accuracy": 1.0, "format": 0.08, "length": 0.05, "coherence": 0.05})
+        self.tau, self.top_k, self.levels = tau, top_k, tuple(levels)
+        self.tolerance, self.ngram, self.mix_seed = tolerance, ngram, mix_seed
+        self._scorer = None
+
+    def check_item(self, row: dict[str, Any], where: str) -> None:
+        if not row["ad"].strip():
+            raise ManifestError(f"{where}: field 'ad' (the reference AD) is empty")
+        if "features" not in row and "frames" not in row:
+            raise ManifestError(f"{where}: row needs 'features' (a .npy path) or 'frames'")
+        for key in ("features", "frames"):
+            if key in row:
+                path = resolve(row[key], row["_manifest"])
+                import os
+
+                if not os.path.isfile(path):
+                    raise ManifestError(f"{where}: field {key!r}: file {path!r} not found")
+
+    # --- episode ------------------------------------------------------------------------------
+    def uses_context(self, item: Mapping[str, Any]) -> bool:
+        if not item.get("context"):
+            return False
+        digest = hashlib.sha256(f"{self.mix_seed}:{item['id']}".encode()).digest()
+        return digest[0] / 256.0 < self.context_ratio
+
+    def begin(self, episode: Episode) -> dict[str, Any]:
+        item = episode.item
+        context = list(item["context"][-3:]) if self.uses_context(item) else []
+        episode.state["context"] = context
+        return self.observation("policy", [{"role": "user", "content": self.prompt(item, context)}], self.media(item))
+
+    def advance(self, episode: Episode, action: str) -> None:
+        self.record(episode, "policy", "answer", action)
+        return None
+
+    def media(self, item: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        manifest = item.get("_manifest")
+        if "features" in item:
+            return {"features": load_features(resolve(item["features"], manifest), item.get("_where", ""))}
+        frames = np.load(resolve(item["frames"], manifest), allow_pickle=False)
+        return {"frames": frames.astype(np.uint8)}
+
+    def prompt(self, item: Mapping[str, Any], context: Sequence[str]) -> str:
+        duration, names = float(item["duration"]), ", ".join(item["characters"]) or "none"
+        if self.prompt_style == "compact":
+            lines = [f"Clip {duration:.1f} seconds . Characters : {names} ."]
+            lines += [f"[AD] {c}" for c in context]
+            lines.append("Describe the clip in one sentence .")
+            return " ".join(lines)
+        if not context:
+            return (
+                f"{AD_DEFINITION} The video clip is {duration:.2f} seconds long. Consider the clip duration "
+                "when completing the following task.\nPlease provide a concise audio description summarizing "
+                "what happens in the video clip in one sentence, focusing on key characters, actions, "
+                f"interactions, or important visual details.\nPossible character names are: {names}.\n"
+                f"{FORMAT_INSTRUCTION}"
+            )
+        listed = "\n".join(f"[AD] {c}" for c in context)
+        return (
+            f"{AD_DEFINITION}\n\nYou are given a video clip with its prior and chronologically ordered "
+            f"contexts.\nContext:\n{listed}\n\nTask:\nPlease provide a concise audio description summarizing "
+            f"what happens in the target video clip in one sentence. The video clip is {duration:.2f} seconds "
+            f"long. Consider the clip duration when summarizing ADs.\nPossible character names are: {names}.\n"
+            f"{FORMAT_INSTRUCTION}"
+        )
+
+    def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
+        """The supervised warm start's target: a short think span, then the reference AD."""
+        episode = Episode(item=dict(item))
+        obs = self.begin(episode)
+        names = " , ".join(item["characters"]) or "someone"
+        return [(obs, f"<think> {names} </think> <answer> {item['ad']} </answer>")]
+
+    # --- scoring ------------------------------------------------------------------------------
+    @property
+    def scorer(self):
+        if self._scorer is None and self.scorer_path:
+            from agentcap.judges.coherence import CoherenceScorer
+
+            self._scorer = CoherenceScorer.from_pretrained(self.scorer_path, device=self.scorer_device)
+        return self._scorer
+
+    def score(self, episodes: Sequence[Episode]) -> list[Score]:
+        from agentcap.rewards.read import read_rewards
+
+        responses = [e.actions[-1].text if e.actions else "" for e in episodes]
+        total, parts = read_rewards(
+            responses,
+            [e.item["ad"] for e in episodes],
+            [e.state.get("context", []) for e in episodes],
+            [e.group for e in episodes],
+            scorer=self.scorer,
+            weights=self.weights,
+            tau=self.tau,
+            top_k=self.top_k,
+            levels=self.levels,
+            tolerance=self.tolerance,
+            ngram=self.ngram,
+        )
+        return [
+            Score(
+                reward=float(total[i]),
+                components={k: float(v[i]) for k, v in parts.items()},
+                utilities=[float(total[i])],
+            )
+            for i in range(len(episodes))
+        ]
