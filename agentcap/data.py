@@ -8,16 +8,14 @@ Rows that cannot be used are either refused at load (``on_error="raise"``) or sk
 from __future__ import annotations
 
 import json
-import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
 
 
 class ManifestError(ValueError):
@@ -142,78 +140,3 @@ def audio_duration(path: str, where: str = "") -> float:
     except Exception as err:
         raise ManifestError(f"{where}: audio file {path!r} is unreadable ({err})") from None
     return float(info.frames) / float(info.samplerate)
-
-
-# --- batches of item indices -----------------------------------------------------------------
-class IndexDataset(Dataset):
-    """The items of an environment, as indices: the env itself owns loading and gold data."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
-class CurriculumSampler(Sampler[int]):
-    """Duration curriculum (AudioMap): short clips first, then the full range.
-
-    For the first ``warm_epochs`` passes only items at most ``max_duration`` long are drawn;
-    afterwards every item is. Order within a pass is a seeded shuffle, so runs repeat exactly.
-    """
-
-    def __init__(
-        self,
-        durations: Sequence[float],
-        max_duration: float = math.inf,
-        warm_epochs: int = 0,
-        seed: int = 0,
-        num_samples: int | None = None,
-    ):
-        self.durations = list(durations)
-        self.max_duration = max_duration
-        self.warm_epochs = warm_epochs
-        self.seed = seed
-        self.epoch = 0
-        self.num_samples = num_samples or len(self.durations)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def eligible(self) -> list[int]:
-        if self.epoch < self.warm_epochs:
-            short = [i for i, d in enumerate(self.durations) if d <= self.max_duration]
-            if short:
-                return short
-        return list(range(len(self.durations)))
-
-    def __iter__(self):
-        pool = self.eligible()
-        rng = np.random.default_rng(self.seed + self.epoch)
-        order: list[int] = []
-        while len(order) < self.num_samples:
-            order.extend(rng.permutation(pool).tolist())
-        self.epoch += 1
-        return iter(order[: self.num_samples])
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-
-def index_loader(
-    n: int,
-    batch_size: int,
-    shuffle: bool,
-    seed: int,
-    sampler: Sampler[int] | None = None,
-) -> DataLoader:
-    """Batches of item indices; a ``CurriculumSampler`` may replace the plain shuffle."""
-    generator = torch.Generator().manual_seed(seed)
-    if sampler is not None:
-        return DataLoader(IndexDataset(n), batch_size=batch_size, sampler=sampler, drop_last=False)
-    return DataLoader(
-        IndexDataset(n), batch_size=batch_size, shuffle=shuffle, generator=generator, drop_last=False
-    )

@@ -12,11 +12,11 @@ once per batch, while a plain ``gymnasium.make`` user gets the reward from ``ste
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 
-from agentcap.data import read_manifest
+from agentcap.data import SkipReport, read_manifest
 from agentcap.episode import Action, Episode, Score
 from agentcap.spaces import FreeText, observation_space
 
@@ -33,12 +33,23 @@ class CaptionEnv(gym.Env):
         manifest: str | None = None,
         items: Sequence[dict[str, Any]] | None = None,
         defer_scoring: bool = False,
+        on_error: Literal["raise", "skip"] = "raise",
+        max_skip_fraction: float = 0.1,
     ):
         if (manifest is None) == (items is None):
             raise ValueError(f"{type(self).__name__}: give exactly one of `manifest` or `items`")
         self.manifest = manifest
+        #: Rows refused at load with ``on_error="skip"``: counted, logged, never silently lost.
+        self.skipped = SkipReport()
         if manifest is not None:
-            self.items = read_manifest(manifest, self.required_fields, check=self.check_item)
+            self.items = read_manifest(
+                manifest,
+                self.required_fields,
+                check=self.check_item,
+                on_error=on_error,
+                max_skip_fraction=max_skip_fraction,
+                report=self.skipped,
+            )
         else:
             self.items = list(items)
         if not self.items:
@@ -61,6 +72,19 @@ class CaptionEnv(gym.Env):
 
     def score(self, episodes: Sequence[Episode]) -> list[Score]:
         raise NotImplementedError
+
+    def demonstrations(self, item: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+        """(observation, target action) pairs for the supervised warm start of each role."""
+        raise NotImplementedError(f"{type(self).__name__} gives no demonstrations for supervised training")
+
+    def caption(self, driver: Any, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Inference on new items with frozen agents; tasks override it (READ's recurrent context)."""
+        batch = driver.run(items=items, greedy=True)
+        return [
+            {"id": e.item.get("id"), "caption": e.actions[-1].text if e.actions else "",
+             "trace": [{"agent": a.agent, "kind": a.kind, "text": a.text} for a in e.actions]}
+            for e in batch.episodes
+        ]
 
     # --- gymnasium API ------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):

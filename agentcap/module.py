@@ -139,7 +139,8 @@ class GRPOModule(L.LightningModule):
         self.save_hyperparameters(ignore=[])
         self.automatic_optimization = False
         self.env_spec = env
-        self.agents = torch.nn.ModuleDict({name: build_agent(name, cfg) for name, cfg in agents.items()})
+        texts = self.env_texts() if any(cfg.build_tokenizer_from for cfg in agents.values()) else []
+        self.agents = torch.nn.ModuleDict({name: build_agent(name, cfg, texts) for name, cfg in agents.items()})
         self.schedule = Schedule(stages, list(agents))
         self.group_size, self.rollout_batch_size = group_size, rollout_batch_size
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
@@ -157,6 +158,19 @@ class GRPOModule(L.LightningModule):
         self._restored: dict[str, Any] | None = None
         self._drivers: dict[tuple, RolloutDriver] = {}
         self._items: dict[str, int] = {}
+
+    def env_texts(self) -> list[str]:
+        """Every prompt and demonstration of every split: the vocabulary of a word-level tokenizer."""
+        texts: list[str] = []
+        for split in ("train", "val", "test"):
+            if not getattr(self.env_spec, split):
+                continue
+            env = self.env_spec.make(split).unwrapped
+            for item in env.items:
+                for observation, action in env.demonstrations(item):
+                    texts.extend(m["content"] for m in observation["messages"])
+                    texts.append(action)
+        return texts
 
     # --- Lightning plumbing -------------------------------------------------------------------
     def configure_optimizers(self):
@@ -241,18 +255,26 @@ class GRPOModule(L.LightningModule):
             )
         return self._drivers[key]
 
-    def num_items(self, split: str, stage: Stage) -> int:
-        return len(self.driver(split, stage).scorer.unwrapped.items)
+    def eligible_items(self, stage: Stage) -> list[int]:
+        """Indices of the training items this stage may draw (duration curriculum)."""
+        items = self.driver("train", stage).scorer.unwrapped.items
+        if stage.max_duration is None:
+            return list(range(len(items)))
+        chosen = [i for i, item in enumerate(items) if float(item.get("duration", 0.0)) <= stage.max_duration]
+        if not chosen:
+            raise ValueError(f"stage {stage.name!r}: no training item is at most max_duration={stage.max_duration}s")
+        return chosen
 
     def item_indices(self, stage: Stage, step: int, per_step: int) -> list[int]:
         """This rank's share of the global batch of items for ``step`` (seeded, epoch-wise shuffle)."""
-        n = self.num_items("train", stage)
+        pool = self.eligible_items(stage)
+        n = len(pool)
         start = step * per_step
         order: list[int] = []
         epoch = start // n
         while len(order) < (start % n) + per_step:
             rng = np.random.default_rng([self.seed, self._stage_index or 0, epoch])
-            order.extend(rng.permutation(n).tolist())
+            order.extend(pool[i] for i in rng.permutation(n).tolist())
             epoch += 1
         chosen = order[start % n : start % n + per_step]
         rank, world = self.world

@@ -28,6 +28,8 @@ class Stage:
         split: the split an ``evaluate`` stage reads.
         env: keyword overrides for the environment in this stage (reward weights, modes…).
         lr: learning rate; defaults to the agent's.
+        max_duration: train only on items at most this long (seconds): AudioMap's duration
+            curriculum is a short-clip stage followed by a full-range one.
     """
 
     name: str
@@ -37,6 +39,7 @@ class Stage:
     split: Literal["train", "val", "test"] = "val"
     env: dict[str, Any] = field(default_factory=dict)
     lr: float | None = None
+    max_duration: float | None = None
 
     def ticks(self) -> int:
         return 1 if self.kind == "evaluate" else self.steps

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -97,7 +98,7 @@ class ADClipEnv(CaptionEnv):
         for key in ("features", "frames"):
             if key in row:
                 path = resolve(row[key], row["_manifest"])
-                import os
+
 
                 if not os.path.isfile(path):
                     raise ManifestError(f"{where}: field {key!r}: file {path!r} not found")
@@ -106,6 +107,8 @@ class ADClipEnv(CaptionEnv):
     def uses_context(self, item: Mapping[str, Any]) -> bool:
         if not item.get("context"):
             return False
+        if item.get("force_context"):
+            return True
         digest = hashlib.sha256(f"{self.mix_seed}:{item['id']}".encode()).digest()
         return digest[0] / 256.0 < self.context_ratio
 
@@ -156,6 +159,37 @@ class ADClipEnv(CaptionEnv):
         obs = self.begin(episode)
         names = " , ".join(item["characters"]) or "someone"
         return [(obs, f"<think> {names} </think> <answer> {item['ad']} </answer>")]
+
+    def caption(self, driver: Any, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Recurrent inference (READ §4.5): each clip's context is the model's own previous three ADs.
+
+        Movies advance together, one clip per movie per batched call, ordered by ``position``.
+        """
+        from agentcap.rewards.functional.read import extract_answer
+
+        movies: dict[str, list[dict[str, Any]]] = {}
+        for item in items:
+            movies.setdefault(str(item.get("movie", item["id"])), []).append(item)
+        for clips in movies.values():
+            clips.sort(key=lambda c: c.get("position", 0))
+        history: dict[str, list[str]] = {m: [] for m in movies}
+        results: list[dict[str, Any]] = []
+        for step in range(max(len(c) for c in movies.values())):
+            names = [m for m, clips in movies.items() if step < len(clips)]
+            batch = [
+                {**movies[m][step], "context": history[m][-3:], "force_context": True} for m in names
+            ]
+            rollouts = driver.run(items=batch, greedy=True)
+            for movie, item, episode in zip(names, batch, rollouts.episodes):
+                response = episode.actions[-1].text
+                ad = extract_answer(response)
+                ad = ad if ad else response.strip()
+                history[movie].append(ad)
+                results.append(
+                    {"id": item["id"], "movie": movie, "position": item.get("position"), "caption": ad,
+                     "context": item["context"], "response": response, "reference": item.get("ad")}
+                )
+        return results
 
     # --- scoring ------------------------------------------------------------------------------
     @property

@@ -16,7 +16,7 @@ clipped at 1.0 (the HF ``Trainer`` default; Table 8 does not list it).
 Corpus: JSONL, one row per AD, ``{"context": [previous ADs, oldest first], "ad": "next AD"}``.
 
     python tools/train_coherence_scorer.py --corpus data/toy_movie/corpus.jsonl --tiny \
-        --tokenizer runs/tokenizer --out runs/coherence_scorer --max-steps 200
+        --out runs/read-demo/scorer --batch-size 16 --grad-accum 1 --lr 3e-3 --max-steps 300
     python tools/train_coherence_scorer.py --corpus audiovault.jsonl --base /models/gpt2 --out runs/llm_ad
 """
 
@@ -45,7 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     model.add_argument("--tiny", action="store_true",
                        help="build a tiny random GPT-2 (2 layers, 2 heads, width 64) for offline demos/tests")
     parser.add_argument("--tokenizer", type=Path,
-                        help="tokenizer folder; required with --tiny, overrides the base model's with --base")
+                        help="tokenizer folder; with --base it overrides the model's own; with --tiny and no"
+                             " --tokenizer, a word-level tokenizer is built from the corpus's words")
     parser.add_argument("--out", type=Path, required=True, help="folder for save_pretrained model + tokenizer")
     parser.add_argument("--epochs", type=int, default=1, help="Table 8: 1")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per micro-batch (Table 8: 8)")
@@ -63,8 +64,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--log-every", type=int, default=10, help="print the loss every N optimiser steps")
     args = parser.parse_args(argv)
-    if args.tiny and args.tokenizer is None:
-        parser.error("--tiny needs --tokenizer PATH (a saved tokenizer folder; a tiny model has none of its own)")
     for name in ("epochs", "batch_size", "grad_accum", "max_length", "context_size", "log_every"):
         if getattr(args, name) < 1 and not (name == "context_size" and getattr(args, name) == 0):
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -78,7 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def read_corpus(path: Path) -> list[tuple[list[str], str]]:
     """(context ADs, next AD) pairs; a malformed row is an error naming its line."""
     if not path.is_file():
-        raise FileNotFoundError(f"corpus {str(path)!r} does not exist (expected JSONL rows {{'context': [...], 'ad': ...}})")
+        raise FileNotFoundError(
+            f"corpus {str(path)!r} does not exist (expected JSONL rows {{'context': [...], 'ad': ...}})"
+        )
     rows = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -102,7 +103,9 @@ def read_corpus(path: Path) -> list[tuple[list[str], str]]:
     return rows
 
 
-def build_examples(rows, tokenizer, max_length: int, context_size: int, loss_on: str) -> list[tuple[list[int], list[int]]]:
+def build_examples(
+    rows: list[tuple[list[str], str]], tokenizer, max_length: int, context_size: int, loss_on: str
+) -> list[tuple[list[int], list[int]]]:
     """(input ids, labels) per row: ``[bos] context SEP ad [eos]``, labels IGNORE outside the loss."""
     eos = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
     examples = []
@@ -131,13 +134,18 @@ def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, 
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-def load_model_and_tokenizer(args: argparse.Namespace):
+def load_model_and_tokenizer(args: argparse.Namespace, rows: list[tuple[list[str], str]]):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
     if args.tokenizer is not None and not args.tokenizer.is_dir():
         raise FileNotFoundError(f"--tokenizer {str(args.tokenizer)!r} is not a folder (save one with save_pretrained)")
     if args.tiny:
-        tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer), trust_remote_code=False)
+        if args.tokenizer is not None:
+            tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer), trust_remote_code=False)
+        else:  # offline toy scorer: the corpus's own words are the vocabulary
+            from agentcap.agents.tokenizer import build_word_tokenizer
+
+            tokenizer = build_word_tokenizer(text for context, ad in rows for text in [*context, ad])
         special = {
             name: getattr(tokenizer, f"{name}_id")
             for name in ("bos_token", "eos_token", "pad_token")
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     torch.manual_seed(args.seed)
     rows = read_corpus(args.corpus)
-    model, tokenizer = load_model_and_tokenizer(args)
+    model, tokenizer = load_model_and_tokenizer(args, rows)
     max_length = min(args.max_length, _model_positions(model))
     examples = build_examples(rows, tokenizer, max_length, args.context_size, args.loss_on)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -209,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         for first in range(0, len(micro_batches), args.grad_accum):
             if step >= total_steps:
                 break
-            window = [collate([examples[i] for i in mb], pad_id) for mb in micro_batches[first : first + args.grad_accum]]
+            window = [
+                collate([examples[i] for i in micro], pad_id)
+                for micro in micro_batches[first : first + args.grad_accum]
+            ]
             # token-weighted mean over the whole accumulation window: sum of NLL / number of target tokens
             n_targets = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in window)
             window_loss = 0.0

@@ -202,14 +202,20 @@ class MissingWeightsError(FileNotFoundError):
     """A paper recipe points at weights this machine does not have."""
 
 
-def build_agent(name: str, config: AgentConfig, demo_hint: str = "configs/demo/") -> Agent:
-    """Load or build the model, tokenizer and family named by ``config``."""
+def build_agent(
+    name: str, config: AgentConfig, extra_texts: Sequence[str] = (), demo_hint: str = "configs/demo/"
+) -> Agent:
+    """Load or build the model, tokenizer and family named by ``config``.
+
+    ``extra_texts`` join ``build_tokenizer_from`` when a word-level tokenizer is built (the module
+    passes the environment's prompts and demonstrations, so every prompt word has an id).
+    """
     dtype = getattr(torch, config.dtype)
     processor = None
     sources = [x for x in (config.model, config.toy, config.tiny) if x is not None]
     if len(sources) != 1:
         raise ValueError(f"agents.{name}: give exactly one of model / toy / tiny (got {len(sources)})")
-    tokenizer = _load_tokenizer(name, config)
+    tokenizer = _load_tokenizer(name, config, extra_texts)
     if config.toy is not None:
         from agentcap.agents.toy import ToyConfig, ToyMediaLM
 
@@ -262,11 +268,11 @@ def build_agent(name: str, config: AgentConfig, demo_hint: str = "configs/demo/"
     )
 
 
-def _load_tokenizer(name: str, config: AgentConfig):
+def _load_tokenizer(name: str, config: AgentConfig, extra_texts: Sequence[str] = ()):
     if config.build_tokenizer_from:
         from agentcap.agents.tokenizer import build_word_tokenizer
 
-        texts = []
+        texts = list(extra_texts)
         for path in config.build_tokenizer_from:
             if not os.path.isfile(path):
                 raise FileNotFoundError(

@@ -101,19 +101,31 @@ class ToyMediaLM(nn.Module):
         return out
 
     def _layout(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: list[dict]):
-        """Left-padded ``[pad][media][tokens]`` embeddings, mask and position ids."""
+        """``[pad][media][tokens]`` embeddings, mask and position ids.
+
+        Only the *leading* padding of a row (the left-padded prompt) moves in front of the media;
+        trailing padding (a right-padded completion) stays where it is, masked.
+        """
         embed = self.lm.get_input_embeddings()
         tokens = embed(input_ids)  # [B, L, H]
         prefixes = self.encode_media(media)
-        lengths = attention_mask.sum(dim=1).tolist()
-        total = max(p.shape[0] + n for p, n in zip(prefixes, lengths))
-        b, h = input_ids.shape[0], tokens.shape[-1]
+        length = input_ids.shape[1]
+        leading = [int(attention_mask[i].argmax()) if attention_mask[i].any() else length for i in range(len(prefixes))]
+        total = max(max(p.shape[0] + length - l for p, l in zip(prefixes, leading)), length)
+        h = tokens.shape[-1]
         rows, masks = [], []
-        for i, (prefix, n) in enumerate(zip(prefixes, lengths)):
-            real = tokens[i][attention_mask[i].bool()]  # [n, H]
-            pad = total - prefix.shape[0] - n
-            rows.append(torch.cat([tokens.new_zeros(pad, h), prefix.to(tokens.dtype), real]))
-            masks.append(torch.cat([attention_mask.new_zeros(pad), attention_mask.new_ones(total - pad)]))
+        for i, (prefix, lead) in enumerate(zip(prefixes, leading)):
+            pad = total - prefix.shape[0] - (length - lead)
+            rows.append(torch.cat([tokens.new_zeros(pad, h), prefix.to(tokens.dtype), tokens[i, lead:]]))
+            masks.append(
+                torch.cat(
+                    [
+                        attention_mask.new_zeros(pad),
+                        attention_mask.new_ones(prefix.shape[0]),
+                        attention_mask[i, lead:],
+                    ]
+                )
+            )
         inputs_embeds, mask = torch.stack(rows), torch.stack(masks)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         return inputs_embeds, mask, positions

@@ -349,7 +349,9 @@ class LLMExaminer(CausalLMJudge):
     def find_letter_ids(self, prompt: str) -> list[int]:
         base = self.encode([prompt])[0]
         unk = getattr(self.tokenizer, "unk_token_id", None)
-        for gap in ("", " "):
+        # after whitespace the letter follows directly; after "Answer:" it is the word " A"
+        gaps = ("", " ") if prompt[-1:].isspace() else (" ", "")
+        for gap in gaps:
             ids = []
             for letter in LETTERS:
                 full = self.encode([prompt + gap + letter])[0]

@@ -1,0 +1,85 @@
+"""``agentcap caption``: run trained, frozen agents on new clips or audio files.
+
+The agents and environment come from the same config that trained them, the weights from a
+checkpoint. The environment decides how inference runs (READ feeds its own previous ADs back as
+context; ACE-Cap plays the Composer–Instruct game until READY or the budget), and every result is
+written as one JSON line and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import torch
+
+
+def load_module(config: str, checkpoint: str | None):
+    """Build the GRPOModule a training config describes and load a checkpoint's weights into it."""
+    from jsonargparse import ArgumentParser
+
+    from agentcap.module import GRPOModule
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(GRPOModule, "model")
+    parser.add_argument("--config", action="config")
+    parser.add_argument("--trainer", type=dict, default={})
+    parser.add_argument("--seed_everything", type=Any, default=None)
+    parser.add_argument("--checkpoint_every", type=int, default=10)
+    cfg = parser.parse_args(["--config", config])
+    init = parser.instantiate_classes(cfg)
+    module: GRPOModule = init.model
+    if checkpoint is not None:
+        if not os.path.isfile(checkpoint):
+            raise FileNotFoundError(f"--checkpoint {checkpoint!r} not found (train first: agentcap fit --config {config})")
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        module.load_state_dict(state["state_dict"])
+    module.eval()
+    return module
+
+
+def caption_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agentcap caption", description=__doc__)
+    parser.add_argument("--config", required=True, help="the training config (agents + environment)")
+    parser.add_argument("--checkpoint", help="weights; default <run_dir>/checkpoints/last.ckpt when present")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--manifest", help="a manifest of the environment's format (default: the test split)")
+    source.add_argument("--audio", nargs="+", help="audio files (environments that take raw audio)")
+    parser.add_argument("--out", default="captions.jsonl", help="JSONL output")
+    parser.add_argument("--limit", type=int, default=None, help="caption at most this many items")
+    args = parser.parse_args(argv)
+
+    from agentcap.callbacks import TickCheckpoint
+    from agentcap.rollout import RolloutDriver
+
+    module = load_module(args.config, None)
+    checkpoint = args.checkpoint or TickCheckpoint.path(module.run_dir)
+    if args.checkpoint or os.path.isfile(checkpoint):
+        module = load_module(args.config, checkpoint)
+    else:
+        print(f"agentcap caption: no checkpoint at {checkpoint}; using untrained weights", file=sys.stderr)
+    split = "test" if module.env_spec.test else "val"
+    overrides = {"manifest": args.manifest} if args.manifest else None
+    env = module.env_spec.make(split, overrides).unwrapped
+    if args.audio:
+        if not hasattr(env, "item_from_audio"):
+            raise SystemExit(f"{module.env_spec.id} does not take raw audio files; use --manifest")
+        items: list[dict[str, Any]] = [env.item_from_audio(path) for path in args.audio]
+    else:
+        items = list(env.items)
+    items = items[: args.limit] if args.limit else items
+    driver = RolloutDriver(lambda: module.env_spec.make(split, overrides, defer_scoring=True), module.agents)
+    with torch.no_grad():
+        results = env.caption(driver, items)
+    with open(args.out, "w", encoding="utf-8") as handle:
+        for row in results:
+            handle.write(json.dumps(row) + "\n")
+    for row in results:
+        print(f"[{row.get('id')}] {row['caption']}")
+        for step in row.get("trace", [])[:-1]:
+            print(f"    {step['agent']}/{step['kind']}: {step['text']}")
+    print(os.path.abspath(args.out))
+    return 0

@@ -1,0 +1,183 @@
+"""AudioMap: dense, time-aware audio captions scored by a frozen cloze examiner."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from agentcap.data import ManifestError, audio_duration, load_audio, resolve
+from agentcap.env import CaptionEnv
+from agentcap.episode import Episode, Score
+
+PROMPTS = {
+    "paper": (
+        "Describe this audio in detail: speech content, speakers and prosody, sound events, music, "
+        "acoustic scene, background noise, audio quality and how events relate. Give the start and end "
+        "time of every event in seconds."
+    ),
+    "compact": "Describe every sound with its start and end time .",
+}
+
+
+def build_examiner(spec: str, device: str = "cpu"):
+    """``rule`` (toy worlds only) or a local folder of an HF causal LM (answers by letter logits)."""
+    from agentcap.judges.examiner import LLMExaminer, RuleExaminer
+
+    if spec == "rule":
+        return RuleExaminer()
+    return LLMExaminer.from_pretrained(spec, device=device)
+
+
+def build_temporal_examiner(spec: str, half_width: float, device: str = "cpu"):
+    from agentcap.judges.temporal import LLMTemporalExaminer, RuleTemporalExaminer
+
+    if spec == "rule":
+        return RuleTemporalExaminer(half_width=half_width)
+    return LLMTemporalExaminer.from_pretrained(spec, half_width=half_width, device=device)
+
+
+class ClozeCaptionEnv(CaptionEnv):
+    """Dense, time-aware audio captioning with a cloze examiner (AudioMap).
+
+    ## Description
+    The policy hears a clip and writes a dense caption with timestamps. A frozen examiner that sees
+    only the caption answers the clip's cloze questions (options A–D plus E = "Not given"), and a
+    temporal examiner reads off the interval the caption gives each event anchor.
+
+    ## Action
+    Text: the caption.
+
+    ## Observation
+    ``{"agent": "policy", "messages": [instruction], "media": {"waveform": float32 [samples]}}`` at
+    ``sample_rate``, mono.
+
+    ## Rewards
+    ``weights["esr"]``·ESR (+1 correct, −0.5 for E, −1 wrong, mean over the bank; Eq. 3)
+    + ``weights["ectr"]``·ECTR (mean tIoU over anchors, null → 0; Eq. 5)
+    + ``weights["length"]``·length. The reward curriculum (Eq. 7: R(1) without ECTR, then R(2)) is two
+    schedule stages with different ``weights``; the duration curriculum is a stage ``max_duration``.
+
+    ## Episode end
+    After the single action.
+
+    ## Arguments
+    manifest: JSONL rows with ``id, audio, caption, cloze, anchors`` (``duration`` optional).
+    examiner / temporal_examiner: ``rule`` (toy worlds only) or a local HF causal-LM folder.
+    half_width: w, the widening of point timestamps. on_error: ``skip`` drops unusable rows (missing,
+    empty or corrupt audio; bad cloze items) and counts them; more than ``max_skip_fraction`` stops.
+
+    ## Version history
+    v0: first version.
+    """
+
+    required_fields = {"id": str, "audio": str, "caption": str, "cloze": list, "anchors": list}
+
+    def __init__(
+        self,
+        manifest: str | None = None,
+        items: Sequence[dict[str, Any]] | None = None,
+        sample_rate: int = 16000,
+        max_seconds: float | None = 30.0,
+        prompt: Literal["paper", "compact"] = "paper",
+        examiner: str = "rule",
+        temporal_examiner: str = "rule",
+        examiner_device: str = "cpu",
+        weights: Mapping[str, float] | None = None,
+        half_width: float = 0.5,
+        length_tolerance: float = 0.25,
+        r_pos: float = 1.0,
+        r_abs: float = -0.5,
+        r_neg: float = -1.0,
+        defer_scoring: bool = False,
+        on_error: Literal["raise", "skip"] = "raise",
+        max_skip_fraction: float = 0.1,
+    ):
+        self.sample_rate, self.max_seconds = sample_rate, max_seconds
+        super().__init__(
+            manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
+            max_skip_fraction=max_skip_fraction,
+        )
+        self.prompt_style = prompt
+        self.examiner_spec, self.temporal_spec, self.examiner_device = examiner, temporal_examiner, examiner_device
+        self.weights = dict(weights or {"esr": 1.0, "ectr": 1.0, "length": 0.1})
+        self.half_width, self.length_tolerance = half_width, length_tolerance
+        self.answer_scores = {"r_pos": r_pos, "r_abs": r_abs, "r_neg": r_neg}
+        self._examiner = None
+        self._temporal = None
+
+    def check_item(self, row: dict[str, Any], where: str) -> None:
+        from agentcap.judges.examiner import Question
+
+        path = resolve(row["audio"], row.get("_manifest"))
+        if not os.path.isfile(path):
+            raise ManifestError(f"{where}: field 'audio': file {path!r} not found")
+        if os.path.getsize(path) == 0:
+            raise ManifestError(f"{where}: field 'audio': file {path!r} is empty")
+        row.setdefault("duration", audio_duration(path, where))
+        if not row["caption"].strip():
+            raise ManifestError(f"{where}: field 'caption' (the gold caption) is empty")
+        if not row["cloze"]:
+            raise ManifestError(f"{where}: field 'cloze' is empty; every clip needs at least one question")
+        row["_questions"] = [Question.from_row(q, f"{where}: cloze[{j}]") for j, q in enumerate(row["cloze"])]
+        for j, anchor in enumerate(row["anchors"]):
+            if not {"event", "start", "end"} <= set(anchor) or float(anchor["end"]) < float(anchor["start"]):
+                raise ManifestError(f"{where}: anchors[{j}] needs event, start ≤ end; got {anchor!r}")
+
+    def item_from_audio(self, path: str) -> dict[str, Any]:
+        """An unlabelled item for inference on a raw audio file."""
+        return {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "cloze": [], "anchors": []}
+
+    # --- episode ------------------------------------------------------------------------------
+    def begin(self, episode: Episode) -> dict[str, Any]:
+        item = episode.item
+        path = resolve(item["audio"], item.get("_manifest"))
+        wave = load_audio(path, self.sample_rate, item.get("_where", path), self.max_seconds)
+        return self.observation("policy", [{"role": "user", "content": PROMPTS[self.prompt_style]}], {"waveform": wave})
+
+    def advance(self, episode: Episode, action: str) -> None:
+        self.record(episode, "policy", "caption", action)
+        return None
+
+    def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
+        return [(self.begin(Episode(item=dict(item))), item["caption"])]
+
+    # --- scoring ------------------------------------------------------------------------------
+    @property
+    def examiner(self):
+        if self._examiner is None:
+            self._examiner = build_examiner(self.examiner_spec, self.examiner_device)
+        return self._examiner
+
+    @property
+    def temporal(self):
+        if self._temporal is None:
+            self._temporal = build_temporal_examiner(self.temporal_spec, self.half_width, self.examiner_device)
+        return self._temporal
+
+    def score(self, episodes: Sequence[Episode]) -> list[Score]:
+        from agentcap.rewards.base import weighted_sum
+        from agentcap.rewards.functional.cloze import (
+            event_temporal_reward,
+            evidence_sufficiency,
+            length_reward,
+        )
+
+        captions = [e.actions[-1].text if e.actions else "" for e in episodes]
+        parts = {
+            "esr": evidence_sufficiency(
+                captions, [e.item["_questions"] for e in episodes], self.examiner, **self.answer_scores
+            ),
+            "ectr": event_temporal_reward(captions, [e.item["anchors"] for e in episodes], self.temporal),
+            "length": length_reward(captions, [e.item["caption"] for e in episodes], self.length_tolerance),
+        }
+        weights = {k: float(self.weights.get(k, 0.0)) for k in parts}
+        total = weighted_sum(parts, weights)
+        return [
+            Score(
+                reward=float(total[i]),
+                components={k: float(v[i]) for k, v in parts.items()},
+                utilities=[float(total[i])],
+            )
+            for i in range(len(episodes))
+        ]

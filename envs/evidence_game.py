@@ -1,0 +1,333 @@
+"""ACE-Cap: the Composer–Instruct evidence game."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from agentcap.algorithms.loop import LoopConfig, composer_utilities, evidence_states, serialize_evidence
+from agentcap.data import ManifestError, audio_duration, load_audio, resolve
+from agentcap.env import CaptionEnv
+from agentcap.episode import Episode, Score
+
+CAPTIONER, COMPOSER, INSTRUCT = "captioner", "composer", "instruct"
+
+PROMPTS = {
+    "paper": {
+        "caption": "Describe the audio.",
+        "compose": (
+            "You write a detailed caption of an audio clip you cannot hear. Ask one question about a sound "
+            "detail that is still unresolved as 'ASK: <question>', or reply 'READY' when the evidence is enough."
+        ),
+        "finalize": "Write the final detailed caption of the audio from the evidence above.",
+        "answer": "Answer the question from the audio in one sentence.",
+    },
+    "compact": {
+        "caption": "Describe the audio briefly .",
+        "compose": "Ask one question as ASK : question , or say READY .",
+        "finalize": "Write the final caption .",
+        "answer": "Answer from the audio .",
+    },
+}
+
+_ASK = re.compile(r"^\s*ask\s*:?\s*", re.IGNORECASE)
+_READY = re.compile(r"^\s*ready\b", re.IGNORECASE)
+
+
+def parse_composer_action(text: str) -> tuple[str, str, bool]:
+    """(kind, question, malformed) of a Composer turn.
+
+    ``READY…`` (any case) or an empty action stops; ``ASK: q`` asks ``q``; any other text is asked
+    verbatim as a question and flagged malformed, so a Composer that forgets the prefix still pays
+    the question cost and earns only what its text elicits, instead of silently ending the game.
+    """
+    if not text.strip() or _READY.match(text):
+        return "stop", "", False
+    match = _ASK.match(text)
+    if match:
+        question = text[match.end():].strip()
+        return ("question", question, False) if question else ("stop", "", True)
+    return "question", text.strip(), True
+
+
+class EvidenceGameEnv(CaptionEnv):
+    """Active evidence acquisition for long audio captions (ACE-Cap).
+
+    ## Description
+    The audio-conditioned Captioner writes a first caption c0. The text-only Composer, seeing only
+    c0 and the question–answer history, asks a question (``ASK: …``) or stops (``READY``); the
+    audio-conditioned Instruct model answers from the audio. At READY, or when K questions have been
+    asked (forced finalisation: no stop action exists), the Composer writes the final caption c^F.
+    The Composer never receives audio.
+
+    Modes (stage overrides): ``game`` (the whole game; the Composer's question / stop / final
+    actions get LOOP-GRPO utilities, Eq. 12–16), ``captioner`` (only c0, utility R_G(c0), Eq. 22),
+    ``instruct`` (replays a harvested (audio, history, question) state; the answer's utility is
+    R_G(y⁺) − R_G(y⁻), Eq. 23). ``harvest`` turns finished games into ``instruct`` items.
+
+    ## Action
+    Text. Composer actions are parsed by :func:`parse_composer_action`.
+
+    ## Observation
+    ``agent`` is ``captioner``, ``composer`` or ``instruct``; ``media`` holds ``waveform`` for the
+    Captioner and Instruct, and is empty for the Composer.
+
+    ## Rewards
+    G2P (Eq. 2–3): a frozen caption-only judge answers the item's gold MCQs; +1 correct, −0.5 for E,
+    −1 wrong, mean over the bank. The episode reward is R_G(c^F) (``game``), R_G(c0) (``captioner``)
+    or the Instruct utility (``instruct``). Components: ``g2p_c0``, ``g2p_evidence``, ``g2p_final``;
+    extras: ``questions``, ``forced``, ``acc_*`` (share answered correctly), ``retention_gap``
+    (Acc(E) − Acc(c^F)), ``malformed``.
+
+    ## Episode end
+    After c^F (``game``), c0 (``captioner``) or the answer (``instruct``).
+
+    ## Arguments
+    manifest: JSONL rows with ``id, audio, caption, mcq`` (and ``short_caption``, ``qa`` for the
+    supervised warm start). budget: K. examiner: ``rule`` (toy worlds only) or a local HF causal LM.
+    question_cost, stop_cost, preserve_weight: c_Q, c_S, λ of LOOP-GRPO.
+
+    ## Version history
+    v0: first version.
+    """
+
+    required_fields = {"id": str, "audio": str, "caption": str, "mcq": list}
+
+    def __init__(
+        self,
+        manifest: str | None = None,
+        items: Sequence[dict[str, Any]] | None = None,
+        mode: Literal["game", "captioner", "instruct"] = "game",
+        budget: int = 4,
+        sample_rate: int = 16000,
+        max_seconds: float | None = 30.0,
+        prompt: Literal["paper", "compact"] = "paper",
+        examiner: str = "rule",
+        examiner_device: str = "cpu",
+        question_cost: float = 0.0,
+        stop_cost: float = 0.0,
+        preserve_weight: float = 1.0,
+        demo_questions: int | None = None,
+        defer_scoring: bool = False,
+        on_error: Literal["raise", "skip"] = "raise",
+        max_skip_fraction: float = 0.1,
+    ):
+        if budget < 0:
+            raise ValueError(f"budget (K) must be ≥ 0, got {budget}")
+        self.sample_rate, self.max_seconds = sample_rate, max_seconds
+        super().__init__(
+            manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
+            max_skip_fraction=max_skip_fraction,
+        )
+        self.mode, self.budget, self.prompts = mode, budget, PROMPTS[prompt]
+        self.examiner_spec, self.examiner_device = examiner, examiner_device
+        self.loop = LoopConfig(question_cost=question_cost, stop_cost=stop_cost, preserve_weight=preserve_weight)
+        self.demo_questions = budget if demo_questions is None else demo_questions
+        self._examiner = None
+        if mode == "instruct":
+            for i, item in enumerate(self.items):
+                if "question" not in item:
+                    raise ValueError(f"instruct mode replays harvested items; items[{i}] has no 'question'")
+
+    def check_item(self, row: dict[str, Any], where: str) -> None:
+        from agentcap.judges.examiner import Question
+
+        path = resolve(row["audio"], row.get("_manifest"))
+        if not os.path.isfile(path):
+            raise ManifestError(f"{where}: field 'audio': file {path!r} not found")
+        if os.path.getsize(path) == 0:
+            raise ManifestError(f"{where}: field 'audio': file {path!r} is empty")
+        row.setdefault("duration", audio_duration(path, where))
+        if not row["mcq"]:
+            raise ManifestError(f"{where}: field 'mcq' (the gold MCQ bank) is empty")
+        row["_questions"] = [Question.from_row(q, f"{where}: mcq[{j}]") for j, q in enumerate(row["mcq"])]
+
+    def item_from_audio(self, path: str) -> dict[str, Any]:
+        return {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "mcq": []}
+
+    # --- observations -------------------------------------------------------------------------
+    def _waveform(self, item: Mapping[str, Any]):
+        path = resolve(item["audio"], item.get("_manifest"))
+        return load_audio(path, self.sample_rate, item.get("_where", path), self.max_seconds)
+
+    def _history(self, c0: str, qa: Sequence[tuple[str, str]]) -> str:
+        return serialize_evidence(c0, qa)
+
+    def captioner_obs(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        return self.observation(CAPTIONER, [{"role": "user", "content": self.prompts["caption"]}],
+                                {"waveform": self._waveform(item)})
+
+    def composer_obs(self, c0: str, qa: Sequence[tuple[str, str]], finalize: bool) -> dict[str, Any]:
+        instruction = self.prompts["finalize" if finalize else "compose"]
+        text = f"{self._history(c0, qa)}\n{instruction}"
+        return self.observation(COMPOSER, [{"role": "user", "content": text}])
+
+    def instruct_obs(self, item: Mapping[str, Any], c0: str, qa: Sequence[tuple[str, str]], question: str):
+        text = f"{self._history(c0, qa)}\nQuestion : {question}\n{self.prompts['answer']}"
+        return self.observation(INSTRUCT, [{"role": "user", "content": text}], {"waveform": self._waveform(item)})
+
+    # --- the game -----------------------------------------------------------------------------
+    def begin(self, episode: Episode) -> dict[str, Any]:
+        item = episode.item
+        episode.state.update(qa=[], stopped=False, malformed=0)
+        if self.mode == "instruct":
+            episode.state.update(c0=item["c0"], qa=[tuple(p) for p in item["history"]])
+            return self.instruct_obs(item, item["c0"], episode.state["qa"], item["question"])
+        return self.captioner_obs(item)
+
+    def advance(self, episode: Episode, action: str) -> dict[str, Any] | None:
+        state, item = episode.state, episode.item
+        acting = self._obs["agent"] if self._obs is not None else CAPTIONER
+        if self.mode == "instruct":
+            self.record(episode, INSTRUCT, "answer", action)
+            state["answer"] = action
+            return None
+        if acting == CAPTIONER:
+            self.record(episode, CAPTIONER, "caption", action)
+            state["c0"] = action
+            if self.mode == "captioner":
+                return None
+            return self._next_composer(state)
+        if acting == INSTRUCT:
+            self.record(episode, INSTRUCT, "answer", action)
+            state["qa"].append((state.pop("pending"), action.strip()))
+            return self._next_composer(state)
+        if state.get("finalizing"):
+            self.record(episode, COMPOSER, "final", action)
+            state["final"] = action
+            return None
+        kind, question, malformed = parse_composer_action(action)
+        state["malformed"] += int(malformed)
+        self.record(episode, COMPOSER, kind, action)
+        if kind == "stop":
+            state["stopped"] = True
+            state["finalizing"] = True
+            return self.composer_obs(state["c0"], state["qa"], finalize=True)
+        state["pending"] = question
+        return self.instruct_obs(item, state["c0"], state["qa"], question)
+
+    def _next_composer(self, state: dict[str, Any]) -> dict[str, Any]:
+        if len(state["qa"]) >= self.budget:  # forced finalisation: no stop action is created
+            state["finalizing"] = True
+        return self.composer_obs(state["c0"], state["qa"], finalize=bool(state.get("finalizing")))
+
+    # --- supervised warm start ----------------------------------------------------------------
+    def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
+        """Every role's targets from the gold data: c0 = the short caption, the first K gold
+        questions in order, READY, then the gold caption; Instruct answers the gold answers."""
+        c0 = item.get("short_caption") or item["caption"].split(".")[0] + "."
+        qa = [(q["question"], q["answer"]) for q in item.get("qa", [])][: self.demo_questions]
+        demos = [(self.captioner_obs(item), c0)]
+        for t, (question, answer) in enumerate(qa):
+            demos.append((self.composer_obs(c0, qa[:t], finalize=False), f"ASK : {question}"))
+            demos.append((self.instruct_obs(item, c0, qa[:t], question), answer))
+        if len(qa) < self.budget:
+            demos.append((self.composer_obs(c0, qa, finalize=False), "READY"))
+        demos.append((self.composer_obs(c0, qa, finalize=True), item["caption"]))
+        return demos
+
+    def harvest(self, episodes: Sequence[Episode]) -> list[dict[str, Any]]:
+        """Instruct replay items (Eq. 23): one per asked question, with the history before it."""
+        items = []
+        for e in episodes:
+            qa = e.state.get("qa", [])
+            for t, (question, _) in enumerate(qa):
+                items.append({**{k: v for k, v in e.item.items() if not k.startswith("_q")},
+                              "_questions": e.item["_questions"], "c0": e.state["c0"],
+                              "history": [list(p) for p in qa[:t]], "question": question})
+        return items
+
+    # --- scoring ------------------------------------------------------------------------------
+    @property
+    def examiner(self):
+        if self._examiner is None:
+            from agentcap_envs.cloze_caption import build_examiner
+
+            self._examiner = build_examiner(self.examiner_spec, self.examiner_device)
+        return self._examiner
+
+    def g2p(self, requests: Sequence[tuple[int, str]], episodes: Sequence[Episode]) -> dict[tuple[int, str], tuple[float, float]]:
+        """G2P and accuracy of every (episode, text) request, one batched examiner call.
+
+        Identical texts of the same item (shared c0, repeated evidence states) are judged once.
+        """
+        from agentcap.rewards.functional.cloze import answer_scores
+
+        keys = sorted({(episodes[i].item["id"], text): i for i, text in requests}.items())
+        captions, questions, owners = [], [], []
+        for (_, text), i in keys:
+            for q in episodes[i].item["_questions"]:
+                captions.append(text)
+                questions.append(q)
+                owners.append((episodes[i].item["id"], text))
+        letters = self.examiner.answer(captions, questions) if captions else []
+        scores = answer_scores(letters, [q.answer for q in questions]).tolist() if letters else []
+        totals: dict[tuple[str, str], list[float]] = {}
+        for owner, letter, q, s in zip(owners, letters, questions, scores):
+            bucket = totals.setdefault(owner, [0.0, 0.0, 0.0])
+            bucket[0] += s
+            bucket[1] += float(letter == q.answer)
+            bucket[2] += 1
+        return {
+            (i, text): (totals[(episodes[i].item["id"], text)][0] / totals[(episodes[i].item["id"], text)][2],
+                        totals[(episodes[i].item["id"], text)][1] / totals[(episodes[i].item["id"], text)][2])
+            for i, text in requests
+        }
+
+    def score(self, episodes: Sequence[Episode]) -> list[Score]:
+        requests: list[tuple[int, str]] = []
+        states: list[dict[str, Any]] = []
+        for i, e in enumerate(episodes):
+            s = e.state
+            c0 = s.get("c0", "")
+            if self.mode == "instruct":
+                before = serialize_evidence(c0, s["qa"])
+                after = serialize_evidence(c0, [*s["qa"], (e.item["question"], s.get("answer", ""))])
+                states.append({"before": before, "after": after})
+                requests += [(i, before), (i, after)]
+                continue
+            full, without = evidence_states(c0, s.get("qa", []))
+            final = s.get("final", "")
+            states.append({"c0": c0, "full": full, "without": without, "final": final})
+            requests += [(i, c0), (i, full), (i, final)] + [(i, w) for w in without]
+        judged = self.g2p(requests, episodes)
+        return [self._score_one(i, e, st, judged) for i, (e, st) in enumerate(zip(episodes, states))]
+
+    def _score_one(self, i: int, episode: Episode, st: dict[str, Any], judged) -> Score:
+        if self.mode == "instruct":
+            (r_before, _), (r_after, _) = judged[(i, st["before"])], judged[(i, st["after"])]
+            utility = r_after - r_before  # Eq. 23
+            return Score(utility, {"g2p_before": r_before, "g2p_after": r_after}, [utility])
+        r0, acc0 = judged[(i, st["c0"])]
+        if self.mode == "captioner":
+            return Score(r0, {"g2p_c0": r0}, [r0], {"acc_c0": acc0})  # Eq. 22
+        r_e, acc_e = judged[(i, st["full"])]
+        r_f, acc_f = judged[(i, st["final"])]
+        stopped = bool(episode.state.get("stopped"))
+        u = composer_utilities(r0, r_e, [judged[(i, w)][0] for w in st["without"]], r_f, stopped, self.loop)
+        questions = iter(u.questions)
+        utilities: list[float | None] = []
+        for action in episode.actions:
+            if action.agent == CAPTIONER:
+                utilities.append(None)  # the Captioner is frozen in game mode
+            elif action.kind == "question":
+                utilities.append(next(questions))
+            elif action.kind == "stop":
+                utilities.append(u.stop)
+            elif action.kind == "final":
+                utilities.append(u.final)
+            else:
+                utilities.append(None)  # Instruct answers are environment text for the Composer
+        extras = {
+            "questions": float(len(episode.state.get("qa", []))),
+            "forced": float(not stopped),
+            "malformed": float(episode.state.get("malformed", 0)),
+            "acc_c0": acc0,
+            "acc_evidence": acc_e,
+            "acc_final": acc_f,
+            "retention_gap": acc_e - acc_f,
+            "utility_final": u.final,
+        }
+        return Score(r_f, {"g2p_c0": r0, "g2p_evidence": r_e, "g2p_final": r_f}, utilities, extras)

