@@ -35,7 +35,7 @@ class TickCheckpoint(L.Callback):
         if trainer.is_global_zero:
             os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"
-        trainer.save_checkpoint(tmp)
+        trainer.save_checkpoint(tmp, weights_only=False)  # full state: optimiser, loops, tick
         if trainer.is_global_zero:
             os.replace(tmp, path)
         trainer.strategy.barrier("agentcap-checkpoint")

@@ -14,9 +14,10 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
+from agentcap.agents.agent import MissingWeightsError
 from agentcap.callbacks import SampleTable, TickCheckpoint
 from agentcap.module import GRPOModule
-from agentcap.strategies import GRPODDPStrategy
+import agentcap.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn)
 
 
 class AgentcapCLI(LightningCLI):
@@ -37,9 +38,8 @@ class AgentcapCLI(LightningCLI):
         trainer = config.get("trainer", {})
         # DDP's reducer cannot follow a trainable agent that changes between stages; the module
         # sums gradients itself, so plain "ddp" means our unwrapped variant.
-        if trainer.get("strategy") in ("ddp", "ddp_spawn", "ddp_find_unused_parameters_true"):
-            start = "spawn" if trainer["strategy"] == "ddp_spawn" else "popen"
-            trainer["strategy"] = GRPODDPStrategy(start_method=start)
+        if trainer.get("strategy") in ("ddp", "ddp_spawn"):
+            trainer["strategy"] = "grpo_" + trainer["strategy"]
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -54,6 +54,7 @@ class AgentcapCLI(LightningCLI):
         last = TickCheckpoint.path(self.model.run_dir)
         if kwargs.get("ckpt_path") is None and os.path.isfile(last):
             kwargs["ckpt_path"] = last
+            kwargs["weights_only"] = True  # agentcap checkpoints hold tensors and plain containers only
             if self.trainer.is_global_zero:
                 print(f"agentcap: resuming from {last}", file=sys.stderr)
 
@@ -98,12 +99,22 @@ def main(argv: list[str] | None = None) -> None:
         from agentcap.inference import caption_command
 
         raise SystemExit(caption_command(argv[1:]))
-    AgentcapCLI(
-        GRPOModule,
-        datamodule_class=None,
-        args=argv,
-        save_config_kwargs={"overwrite": True},
-    )
+    try:
+        AgentcapCLI(GRPOModule, datamodule_class=None, args=argv, save_config_kwargs={"overwrite": True})
+    except MissingWeightsError as err:
+        print(f"agentcap: {err}{_demo_hint(argv)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _demo_hint(argv: list[str]) -> str:
+    """Name the offline demo that mirrors a paper recipe, e.g. configs/read.yaml → configs/demo/read.yaml."""
+    for i, arg in enumerate(argv):
+        path = arg.split("=", 1)[1] if arg.startswith("--config=") else (argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None)
+        if path:
+            demo = os.path.join(os.path.dirname(path), "demo", os.path.basename(path))
+            if os.path.isfile(demo) and os.path.abspath(demo) != os.path.abspath(path):
+                return f"\nThe offline demo of this recipe runs anywhere: agentcap fit --config {demo}"
+    return ""
 
 
 if __name__ == "__main__":

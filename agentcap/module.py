@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 import lightning as L
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -136,7 +137,6 @@ class GRPOModule(L.LightningModule):
             raise ValueError(
                 f"--model.group_size ({group_size}) must divide --model.rollout_batch_size ({rollout_batch_size})"
             )
-        self.save_hyperparameters(ignore=[])
         self.automatic_optimization = False
         self.env_spec = env
         texts = self.env_texts() if any(cfg.build_tokenizer_from for cfg in agents.values()) else []
@@ -157,7 +157,8 @@ class GRPOModule(L.LightningModule):
         self._reference: torch.nn.Module | None = None
         self._restored: dict[str, Any] | None = None
         self._drivers: dict[tuple, RolloutDriver] = {}
-        self._items: dict[str, int] = {}
+        self._replay: dict[str, list[dict[str, Any]]] = {}
+        self.skipped_rows: dict[str, int] = {}
 
     def env_texts(self) -> list[str]:
         """Every prompt and demonstration of every split: the vocabulary of a word-level tokenizer."""
@@ -239,6 +240,25 @@ class GRPOModule(L.LightningModule):
                 self._reference.load_state_dict(restored["reference"])
         self._stage_index = index
         self._assert_one_trainable()
+        if stage.harvest is not None:
+            self._harvest(stage)
+
+    @torch.no_grad()
+    def _harvest(self, stage: Stage) -> None:
+        """Roll out the harvest environment with every agent frozen; its episodes become the stage's items."""
+        source = Stage(name=f"{stage.name}/harvest", kind="evaluate", env=dict(stage.harvest))
+        driver = self.driver("train", source)
+        n = len(driver.scorer.unwrapped.items)
+        rng = np.random.default_rng([self.seed, self.schedule.stages.index(stage)])
+        rank, world = self.world
+        chosen = rng.permutation(n)[: stage.harvest_items].tolist()[rank::world]
+        batch = driver.run(chosen, group_size=1, seed=self.seed + self.tick)
+        items = driver.scorer.unwrapped.harvest(batch.episodes)
+        if not items:
+            raise RuntimeError(f"stage {stage.name!r}: the harvest produced no items (no questions asked?)")
+        self._replay[stage.name] = items
+        self._drivers = {k: v for k, v in self._drivers.items() if k[0] != stage.name}
+        self.log("harvest/items", float(len(items)))
 
     def _assert_one_trainable(self) -> None:
         with_grad = {a.name for a in self.agents.values() if any(p.requires_grad for p in a.parameters())}
@@ -246,13 +266,21 @@ class GRPOModule(L.LightningModule):
 
     # --- environments and items ---------------------------------------------------------------
     def driver(self, split: str, stage: Stage) -> RolloutDriver:
-        key = (split, json.dumps(stage.env, sort_keys=True, default=str))
+        replay = self._replay.get(stage.name) if split == "train" else None
+        key = (stage.name if replay else split, json.dumps(stage.env, sort_keys=True, default=str))
         if key not in self._drivers:
-            self._drivers[key] = RolloutDriver(
-                lambda: self.env_spec.make(split, stage.env, defer_scoring=True),
+            overrides = dict(stage.env)
+            if replay:
+                overrides.update(manifest=None, items=replay)
+            self._drivers[key] = driver = RolloutDriver(
+                lambda: self.env_spec.make(split, overrides, defer_scoring=True),
                 self.agents,
                 generation_batch_size=self.generation_batch_size,
             )
+            skipped = driver.scorer.unwrapped.skipped.skipped
+            if skipped and self.world[0] == 0:
+                rank_zero_warn(f"{split}: skipped {len(skipped)} unusable rows:\n  " + "\n  ".join(skipped[:10]))
+            self.skipped_rows[split] = len(skipped)
         return self._drivers[key]
 
     def eligible_items(self, stage: Stage) -> list[int]:
@@ -286,7 +314,10 @@ class GRPOModule(L.LightningModule):
         items = self.item_indices(stage, step, self.rollout_batch_size // self.group_size)
         rank, _ = self.world
         batch = self.driver("train", stage).run(
-            items, self.group_size, seed=self.seed * 1_000_003 + self.tick * 10_007 + rank * 101
+            items,
+            self.group_size,
+            seed=self.seed * 1_000_003 + self.tick * 10_007 + rank * 101,
+            sample_agents={agent.name},
         )
         spans = batch.spans_of(agent.name)
         # advantages: group-normalised utilities per (group, kind) — READ Eq. 1 / LOOP Eq. 17
@@ -343,7 +374,7 @@ class GRPOModule(L.LightningModule):
                 self.beta, ref, weights,
             )
             self.manual_backward(out["loss"])
-            stats = {k: float(v) for k, v in out.items()}
+            stats = {k: float(v.detach()) for k, v in out.items()}
             stats["entropy"] = float((entropy.detach() * weights).sum())
         self._sync_gradients(agent)
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -469,6 +500,8 @@ class GRPOModule(L.LightningModule):
             self.log(f"utility/{kind}/mean", float(np.mean(values)))
             self.log(f"utility/{kind}/std", float(np.std(values)))
         self.log("stage", float(self._stage_index or 0))
+        for split, count in self.skipped_rows.items():
+            self.log(f"data/{split}/skipped_rows", float(count))
         if self.tick % max(self.sample_every, 1) == 0:
             self.samples = [
                 {

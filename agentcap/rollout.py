@@ -82,8 +82,13 @@ class RolloutDriver:
         greedy: bool = False,
         seed: int | None = None,
         items: Sequence[dict[str, Any]] | None = None,
+        sample_agents: set[str] | None = None,
     ) -> RolloutBatch:
-        """Roll out every item ``group_size`` times; ``items`` replaces dataset indices (inference)."""
+        """Roll out every item ``group_size`` times; ``items`` replaces dataset indices (inference).
+
+        Agents in ``sample_agents`` sample (default: all unless ``greedy``); the others decode greedily,
+        so a frozen role answers the same state the same way in every rollout of a group.
+        """
         keys = list(items) if items is not None else list(indices or [])
         n = len(keys) * group_size
         envs = self._pool(n)
@@ -106,8 +111,9 @@ class RolloutDriver:
             finished: set[int] = set()
             for name, trajectories in waiting.items():
                 agent = self._agent(name)
+                samples = not greedy and (sample_agents is None or name in sample_agents)
                 generations = agent.generate(
-                    [observations[t] for t in trajectories], greedy=greedy, batch_size=self.generation_batch_size
+                    [observations[t] for t in trajectories], greedy=not samples, batch_size=self.generation_batch_size
                 )
                 calls[name] += -(-len(trajectories) // self.generation_batch_size)
                 for t, gen in zip(trajectories, generations):

@@ -28,6 +28,10 @@ class Stage:
         split: the split an ``evaluate`` stage reads.
         env: keyword overrides for the environment in this stage (reward weights, modes…).
         lr: learning rate; defaults to the agent's.
+        harvest: environment overrides of a harvest rollout run when the stage begins (all agents
+            frozen); the environment's ``harvest`` turns its episodes into this stage's items
+            (ACE-Cap's Instruct phase replays states harvested from Composer rollouts, Eq. 23).
+        harvest_items: training items rolled out by that harvest.
         max_duration: train only on items at most this long (seconds): AudioMap's duration
             curriculum is a short-clip stage followed by a full-range one.
     """
@@ -40,6 +44,8 @@ class Stage:
     env: dict[str, Any] = field(default_factory=dict)
     lr: float | None = None
     max_duration: float | None = None
+    harvest: dict[str, Any] | None = None
+    harvest_items: int = 16
 
     def ticks(self) -> int:
         return 1 if self.kind == "evaluate" else self.steps

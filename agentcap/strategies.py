@@ -10,7 +10,7 @@ ranks itself after normalising its loss by the global token count.
 from __future__ import annotations
 
 from lightning.pytorch.overrides.distributed import _sync_module_states
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 
 class GRPODDPStrategy(DDPStrategy):
@@ -19,3 +19,15 @@ class GRPODDPStrategy(DDPStrategy):
     def configure_ddp(self) -> None:
         assert self.model is not None
         _sync_module_states(self.model)  # what DDP's constructor would broadcast from rank 0
+
+
+StrategyRegistry.register(
+    "grpo_ddp", GRPODDPStrategy, description="DDP without the module wrapper (agentcap)", override=True
+)
+StrategyRegistry.register(
+    "grpo_ddp_spawn",
+    GRPODDPStrategy,
+    description="spawned DDP without the module wrapper (agentcap)",
+    start_method="spawn",
+    override=True,
+)

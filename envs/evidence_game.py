@@ -234,9 +234,8 @@ class EvidenceGameEnv(CaptionEnv):
         for e in episodes:
             qa = e.state.get("qa", [])
             for t, (question, _) in enumerate(qa):
-                items.append({**{k: v for k, v in e.item.items() if not k.startswith("_q")},
-                              "_questions": e.item["_questions"], "c0": e.state["c0"],
-                              "history": [list(p) for p in qa[:t]], "question": question})
+                history = [list(p) for p in qa[:t]]
+                items.append({**e.item, "c0": e.state["c0"], "history": history, "question": question})
         return items
 
     # --- scoring ------------------------------------------------------------------------------

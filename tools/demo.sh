@@ -10,8 +10,8 @@ case "$name" in
   read)
     $PY tools/make_toy_movie.py --out data/toy_movie
     [ -f runs/read-demo/scorer/config.json ] || $PY tools/train_coherence_scorer.py \
-        --corpus data/toy_movie/corpus.jsonl --tiny --build-tokenizer-from data/toy_movie/texts.txt \
-        --out runs/read-demo/scorer --lr 1e-3 --batch-size 32 --grad-accum 1 --epochs 2
+        --corpus data/toy_movie/corpus.jsonl --tiny \
+        --out runs/read-demo/scorer --lr 3e-3 --batch-size 16 --grad-accum 1 --max-steps 150
     ;;
   audiomap|acecap)
     $PY tools/make_toy_soundscapes.py --out data/toy_soundscapes

@@ -227,6 +227,14 @@ def build_agent(
             bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
         )
         model, family = ToyMediaLM(ToyConfig(**toy)), "toy"
+    elif config.tiny is not None and "kind" in config.tiny:
+        # a preset of agentcap.agents.tiny: a real architecture class with its real processor
+        from agentcap.agents.tiny import build_tiny
+
+        spec = dict(config.tiny)
+        parts = build_tiny(spec.pop("kind"), tokenizer=tokenizer, texts=extra_texts, **spec)
+        model, tokenizer, processor = parts.model, parts.tokenizer, parts.processor
+        family = parts.family if config.family == "auto" else config.family
     elif config.tiny is not None:
         model, family = _tiny_model(config.tiny), config.family
         family = _guess_family(model.config) if family == "auto" else family
@@ -303,7 +311,10 @@ def _load_hf_model(path: str, config: AgentConfig, dtype):
     if config.gguf_file:
         kwargs["gguf_file"] = config.gguf_file
     hf_config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=config.trust_remote_code)
-    for auto in ("AutoModelForImageTextToText", "AutoModelForCausalLM"):
+    if hf_config.model_type == "qwen2_5_omni":  # the thinker writes the text; talker and vocoder stay on disk
+        thinker = transformers.Qwen2_5OmniThinkerForConditionalGeneration
+        return thinker.from_pretrained(path, config=hf_config.thinker_config, **kwargs)
+    for auto in ("AutoModelForImageTextToText", "AutoModelForMultimodalLM", "AutoModelForCausalLM"):
         cls = getattr(transformers, auto)
         if type(hf_config) in cls._model_mapping:
             return cls.from_pretrained(path, **kwargs)
@@ -320,7 +331,7 @@ def _tiny_model(spec: dict[str, Any]):
     hf_config = transformers.AutoConfig.for_model(model_type, **spec)
     if architecture:
         return getattr(transformers, architecture)(hf_config)
-    for auto in ("AutoModelForImageTextToText", "AutoModelForCausalLM"):
+    for auto in ("AutoModelForImageTextToText", "AutoModelForMultimodalLM", "AutoModelForCausalLM"):
         cls = getattr(transformers, auto)
         if type(hf_config) in cls._model_mapping:
             return cls.from_config(hf_config)

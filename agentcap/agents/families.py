@@ -28,6 +28,18 @@ Observation = dict[str, Any]
 PER_TOKEN_KEYS = ("mm_token_type_ids", "token_type_ids")
 #: Processor outputs that are bookkeeping, not model inputs.
 NON_MODEL_KEYS = ("num_audio_tokens", "video_metadata")
+#: Processor / tokenizer attributes that name media tokens (Qwen2-VL, Qwen3-VL, Qwen2-Audio, Omni).
+MEDIA_TOKEN_ATTRS = (
+    "image_token",
+    "video_token",
+    "audio_token",
+    "vision_start_token",
+    "vision_end_token",
+    "vision_bos_token",
+    "vision_eos_token",
+    "audio_bos_token",
+    "audio_eos_token",
+)
 
 
 class Family:
@@ -129,6 +141,39 @@ class ProcessorFamily(Family):
     may mix text-only and media observations.
     """
 
+    #: Media placeholder and boundary token strings (set by each family from its processor).
+    media_tokens: tuple[str, ...] = ()
+    #: Config fields naming media placeholder and boundary tokens.
+    MEDIA_TOKEN_FIELDS = (
+        "image_token_id",
+        "video_token_id",
+        "audio_token_id",
+        "vision_start_token_id",
+        "vision_end_token_id",
+        "audio_start_token_id",
+        "audio_end_token_id",
+    )
+
+    @cached_property
+    def media_token_ids(self) -> list[int]:
+        """Tokens the policy must never write: a sampled media placeholder has no features behind
+        it, so the next forward over prompt + completion would fail (or misplace M-RoPE spans)."""
+        config = self.model.config
+        vocab = self.model.get_input_embeddings().num_embeddings
+        ids = {getattr(config, field, None) for field in self.MEDIA_TOKEN_FIELDS}
+        named = [getattr(o, a, None) for o in (self.processor, self.tokenizer) for a in MEDIA_TOKEN_ATTRS]
+        tokens = {t for t in (*self.media_tokens, *named) if isinstance(t, str) and t}
+        ids.update(self.tokenizer.convert_tokens_to_ids(sorted(tokens)))
+        ids.discard(self.tokenizer.unk_token_id)
+        return sorted(i for i in ids if isinstance(i, int) and 0 <= i < vocab)
+
+    def generate(self, inputs: dict[str, Any], **kwargs) -> torch.Tensor:
+        # Suppressed tokens get -inf only while sampling; the learner's log-probs are recomputed
+        # from the full softmax, like every old log-prob, so sampler and learner still agree.
+        if self.media_token_ids:
+            kwargs.setdefault("suppress_tokens", self.media_token_ids)
+        return super().generate(inputs, **kwargs)
+
     def placeholder(self, observation: Observation) -> str:
         raise NotImplementedError
 
@@ -191,8 +236,11 @@ class VisionFamily(ProcessorFamily):
         self.frames_as = frames_as
         start = _token(processor, tokenizer, "vision_start_token", "<|vision_start|>")
         end = _token(processor, tokenizer, "vision_end_token", "<|vision_end|>")
-        video = _token(processor, tokenizer, "video_token", "<|video_pad|>")
-        self.image_placeholder = start + _token(processor, tokenizer, "image_token", "<|image_pad|>") + end
+        video, image = _token(processor, tokenizer, "video_token", "<|video_pad|>"), _token(
+            processor, tokenizer, "image_token", "<|image_pad|>"
+        )
+        self.media_tokens = (start, end, image, video)
+        self.image_placeholder = start + image + end
         # Qwen3-VL's processor expands the video token to "<t seconds><|vision_start|>…<|vision_end|>"
         # per frame itself; wrapping it again would nest the vision markers.
         timestamped = hasattr(processor, "_calculate_timestamps")
@@ -252,13 +300,11 @@ class VisionFamily(ProcessorFamily):
         if not has_media:  # text only: the three sections share the 1-D positions
             return super().position_ids(full).unsqueeze(0).expand(3, -1, -1)
         owner = self.model if hasattr(self.model, "get_rope_index") else self.model.model
-        positions, _ = owner.get_rope_index(
-            full["input_ids"],
-            mm_token_type_ids=full["mm_token_type_ids"],
-            image_grid_thw=full.get("image_grid_thw"),
-            video_grid_thw=full.get("video_grid_thw"),
-            attention_mask=mask,
-        )
+        rope_index = owner.get_rope_index
+        # every input the model's rope index reads (mm_token_type_ids, grids, Qwen2.5-VL's
+        # second_per_grid_ts…), exactly as generate passes them
+        wanted = set(inspect.signature(rope_index).parameters) - {"input_ids", "kwargs"}
+        positions, _ = rope_index(full["input_ids"], **{k: v for k, v in full.items() if k in wanted})
         return positions
 
 
@@ -274,11 +320,12 @@ class AudioFamily(ProcessorFamily):
 
     def __init__(self, model, tokenizer, processor=None):
         super().__init__(model, tokenizer, processor)
-        self.audio_placeholder = (
-            _token(processor, tokenizer, "audio_bos_token", "<|audio_bos|>")
-            + _token(processor, tokenizer, "audio_token", "<|AUDIO|>")
-            + _token(processor, tokenizer, "audio_eos_token", "<|audio_eos|>")
+        self.media_tokens = (
+            _token(processor, tokenizer, "audio_bos_token", "<|audio_bos|>"),
+            _token(processor, tokenizer, "audio_token", "<|AUDIO|>"),
+            _token(processor, tokenizer, "audio_eos_token", "<|audio_eos|>"),
         )
+        self.audio_placeholder = "".join(self.media_tokens)
         extractor = getattr(processor, "feature_extractor", None)
         self.sampling_rate = int(getattr(extractor, "sampling_rate", 16000))
 

@@ -64,7 +64,10 @@ class TinyParts:
 
 
 def tiny_tokenizer(
-    texts: Iterable[str] = (), special_tokens: dict[str, str] | None = None, tokenizer=None, extra_words: Iterable[str] = ()
+    texts: Iterable[str] = (),
+    special_tokens: dict[str, str] | None = None,
+    tokenizer=None,
+    extra_words: Iterable[str] = (),
 ):
     """A word-level tokenizer (or ``tokenizer``) with the model's named special tokens added.
 
@@ -121,14 +124,15 @@ def _causal(kind: str, tokenizer, text: dict[str, Any] | None, seed: int) -> Tin
     import transformers
 
     if kind == "gpt2":
-        fields = dict(n_embd=64, n_layer=2, n_head=4, n_positions=1024, vocab_size=len(tokenizer), **_special_ids(tokenizer))
+        fields = dict(n_embd=64, n_layer=2, n_head=4, n_positions=1024, vocab_size=len(tokenizer))
+        fields.update(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **_special_ids(tokenizer))  # no dropout, as Qwen
         config = transformers.GPT2Config(**{**fields, **(text or {})})
         cls = transformers.GPT2LMHeadModel
     elif kind in ("qwen2", "qwen3", "llama"):
         extra = {"head_dim": 16} if kind == "qwen3" else {}
-        config_cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "llama": transformers.LlamaConfig}
-        config = config_cls[kind](**_text_config(tokenizer, text, max_position_embeddings=4096, **extra))
-        cls = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM, "llama": transformers.LlamaForCausalLM}[kind]
+        name = {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama"}[kind]
+        config = getattr(transformers, f"{name}Config")(**_text_config(tokenizer, text, max_position_embeddings=4096, **extra))
+        cls = getattr(transformers, f"{name}ForCausalLM")
     else:
         raise ValueError(f"unknown causal LM kind {kind!r}; one of {CAUSAL_KINDS}")
     model = _seeded(seed, lambda: cls(config))
@@ -148,9 +152,11 @@ def _qwen2_vl(tokenizer, text: dict[str, Any] | None, seed: int) -> TinyParts:
         tokenizer=tokenizer,
         chat_template=tokenizer.chat_template,
     )
+    hidden = (text or {}).get("hidden_size", TEXT["hidden_size"])
     config = transformers.Qwen2VLConfig(
         text_config=_text_config(tokenizer, text, rope_parameters=dict(MROPE), max_position_embeddings=4096),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=TEXT["hidden_size"], num_heads=2, mlp_ratio=2),
+        # the merger projects vision patches straight to the LM's width
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=hidden, num_heads=2, mlp_ratio=2),
         **_ids(
             tokenizer,
             image_token_id=QWEN_VL_TOKENS["image_token"],
@@ -159,8 +165,6 @@ def _qwen2_vl(tokenizer, text: dict[str, Any] | None, seed: int) -> TinyParts:
             vision_end_token_id=QWEN_VL_TOKENS["vision_end_token"],
         ),
     )
-    if text and "hidden_size" in text:
-        config.vision_config.hidden_size = text["hidden_size"]
     model = _seeded(seed, lambda: transformers.Qwen2VLForConditionalGeneration(config))
     return TinyParts(_finish(model, tokenizer), tokenizer, processor, "vision")
 
@@ -186,7 +190,11 @@ def _qwen3_vl(tokenizer, text: dict[str, Any] | None, seed: int) -> TinyParts:
     hidden = (text or {}).get("hidden_size", TEXT["hidden_size"])
     config = transformers.Qwen3VLConfig(
         text_config=_text_config(
-            tokenizer, text, head_dim=16, rope_parameters={**MROPE, "mrope_interleaved": True}, max_position_embeddings=4096
+            tokenizer,
+            text,
+            head_dim=16,
+            rope_parameters={**MROPE, "mrope_interleaved": True},
+            max_position_embeddings=4096,
         ),
         vision_config=dict(
             depth=2,
@@ -233,7 +241,9 @@ def _qwen2_audio(tokenizer, text: dict[str, Any] | None, seed: int, chunk_length
     )
     config = transformers.Qwen2AudioConfig(
         # the encoder takes exactly chunk_length seconds of mel frames: 2 frames per source position
-        audio_config=dict(model_type="qwen2_audio_encoder", max_source_positions=extractor.nb_max_frames // 2, **AUDIO_TOWER),
+        audio_config=dict(
+            model_type="qwen2_audio_encoder", max_source_positions=extractor.nb_max_frames // 2, **AUDIO_TOWER
+        ),
         text_config=_text_config(tokenizer, text, model_type="qwen2", max_position_embeddings=4096),
         audio_token_index=tokenizer.convert_tokens_to_ids(QWEN_AUDIO_TOKENS["audio_token"]),
     )
@@ -258,7 +268,12 @@ def _qwen25_omni_thinker(tokenizer, text: dict[str, Any] | None, seed: int, chun
     config = transformers.Qwen2_5OmniThinkerConfig(
         audio_config=dict(max_source_positions=100, n_window=50, output_dim=hidden, **AUDIO_TOWER),
         vision_config=dict(
-            depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden, fullatt_block_indexes=[0]
+            depth=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_heads=2,
+            out_hidden_size=hidden,
+            fullatt_block_indexes=[0],
         ),
         text_config=_text_config(tokenizer, text, rope_parameters=dict(MROPE), max_position_embeddings=4096),
         **_ids(
@@ -301,7 +316,7 @@ def build_tiny(
     if tokenizer is None and texts:
         tokenizer = tiny_tokenizer(texts, extra_words=TIMESTAMP_WORDS if kind == "qwen3_vl" else ())
     if kind in CAUSAL_KINDS:
-        return _causal(kind, tiny_tokenizer(tokenizer=tokenizer) if tokenizer is not None else tiny_tokenizer(), text, seed)
+        return _causal(kind, tiny_tokenizer(tokenizer=tokenizer), text, seed)
     if kind not in MULTIMODAL_BUILDERS:
         raise ValueError(f"unknown tiny model kind {kind!r}; one of {TINY_KINDS}")
     return MULTIMODAL_BUILDERS[kind](tokenizer, text, seed)
@@ -316,7 +331,9 @@ def tiny_agent(kind: str, name: str = "policy", texts: Sequence[str] = (), seed:
     return Agent(name, parts.model, parts.tokenizer, family=parts.family, processor=parts.processor, **agent_kwargs)
 
 
-def tiny_causal_lm(kind: str = "qwen2", name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any):
+def tiny_causal_lm(
+    kind: str = "qwen2", name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any
+):
     """A tiny Qwen2 / Qwen3 / Llama / GPT-2 agent (text only)."""
     if kind not in CAUSAL_KINDS:
         raise ValueError(f"unknown causal LM kind {kind!r}; one of {CAUSAL_KINDS}")

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -30,6 +30,8 @@ from agentcap.data import ManifestError
 LETTERS = ("A", "B", "C", "D", "E")
 GOLD_LETTERS = LETTERS[:4]
 NOT_GIVEN = "Not given"
+#: A cloze blank: three or more underscores.
+BLANK = re.compile(r"_{3,}")
 
 INSTRUCTION = (
     "Read the caption and answer the question using only what the caption says. "
@@ -312,21 +314,44 @@ def parse_letter(text: str) -> str | None:
 
 # --- the LLM examiner -----------------------------------------------------------------------------
 class LLMExaminer(CausalLMJudge):
-    """Answers by the next-token logits of the letters A–E at the answer position (AudioMap Eq. 2).
+    """A frozen causal LM answering cloze / MCQ items from a caption alone (AudioMap Eq. 2).
 
-    The prompt holds the instruction, the caption and the question with its lettered options —
-    nothing else (no audio, no gold caption). Identical (caption, question) pairs are scored once.
+    Nothing but the caption and the question reaches the model (no audio, no gold caption), no
+    text is generated, so there are no parsing failures, and identical (caption, question) pairs
+    are scored once. Two readouts:
 
-    Letter ids: tokenizers differ on whether the answer letter is "A" or " A" (and chat templates
-    end in "\\n" or a space). The ids used are the ones the tokenizer produces for the letter
-    appended to a real prompt — the first token after the prompt's own ids — trying the letter
-    directly after the prompt and then after one space, and taking the first variant that leaves
-    the prompt's ids intact and gives five distinct known ids. They are found once, on the first
-    batch; every prompt ends with the same template tail, so they hold for all prompts.
+    ``readout="letters"`` (default; the paper's judge) — an instruction, the caption and the
+    lettered options; the answer is the argmax of the next-token logits restricted to the ids of
+    A–E, one forward pass per batch of prompts. Tokenizers differ on whether the answer is "A" or
+    " A" (chat templates end in "\n" or a space, a plain prompt in "Answer:"); the ids used are
+    those the tokenizer produces for the letter appended to a real prompt — the first token after
+    the prompt's own ids — trying no gap first after whitespace and one space first otherwise, and
+    keeping the first variant that leaves the prompt's ids intact and gives five distinct known ids.
+    They are found once: every prompt ends in the same template tail.
+
+    ``readout="options"`` (our addition, for small models) — letter-choice MCQ needs a judge that
+    binds option text to its letter, which small LMs do at chance (SmolLM2-135M-Instruct: 25 % on
+    rotated items whatever the caption says). This readout scores each option A–D by the
+    log-likelihood of the passage continued with that option after "Caption: <caption>", minus the
+    same with an empty caption (how much the caption supports the option); the best option wins if
+    that gain is at least ``margin`` nats, otherwise the answer is E. An empty caption therefore
+    always gets E. It costs four short rows per pair (the empty-caption rows are shared by every
+    caption of a question), one forward pass per batch of rows.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 32):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 32,
+        readout: Literal["letters", "options"] = "letters",
+        margin: float = 2.0,
+    ):
         super().__init__(model, tokenizer, batch_size)
+        if readout not in ("letters", "options"):
+            raise ValueError(f"readout must be 'letters' or 'options', got {readout!r}")
+        self.readout = readout
+        self.margin = margin
         self.letter_ids: list[int] | None = None
 
     @classmethod
@@ -338,10 +363,20 @@ class LLMExaminer(CausalLMJudge):
         dtype: torch.dtype | str | None = None,
         batch_size: int = 32,
         cache_dir: str | os.PathLike | None = None,
+        readout: Literal["letters", "options"] = "letters",
+        margin: float = 2.0,
     ) -> "LLMExaminer":
         model, tokenizer = load_causal_lm(path, gguf_file=gguf_file, device=device, dtype=dtype, cache_dir=cache_dir)
-        return cls(model, tokenizer, batch_size=batch_size)
+        return cls(model, tokenizer, batch_size=batch_size, readout=readout, margin=margin)
 
+    def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str]:
+        if self.readout == "letters":
+            return [LETTERS[k] for k in self.letter_logits(captions, questions).argmax(dim=1).tolist()]
+        gains = self.option_gains(captions, questions)
+        best = gains.max(dim=1)
+        return [LETTERS[k] if g >= self.margin else "E" for g, k in zip(best.values.tolist(), best.indices.tolist())]
+
+    # --- letters -------------------------------------------------------------------------------
     def prompt(self, caption: str, question: Question) -> str:
         user = f"{INSTRUCTION}\n\nCaption: {caption}\n\nQuestion: {question.prompt_text()}"
         return self.render(user)
@@ -388,17 +423,64 @@ class LLMExaminer(CausalLMJudge):
             scores[group] = logits[:, -1, letter_ids].float().cpu()
         return scores[torch.tensor(inverse)]
 
-    def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str]:
-        return [LETTERS[k] for k in self.letter_logits(captions, questions).argmax(dim=1).tolist()]
+    # --- options ---------------------------------------------------------------------------------
+    @staticmethod
+    def option_texts(caption: str, question: Question) -> list[tuple[str, str]]:
+        """(context, continuation) per option A–D: the passage up to the blank is context, the
+        option and the rest of the passage are scored. A question without a blank is answered
+        after "Answer:"."""
+        parts = BLANK.split(question.passage, maxsplit=1)
+        head = f"Caption: {caption}\nAccording to the caption:"
+        if len(parts) == 1:
+            before, after = " " + question.passage + "\nAnswer: ", ""
+        else:
+            before, after = " " + parts[0], parts[1]
+        stem = before.rstrip()
+        gap = before[len(stem) :]  # the space before the blank belongs to the option's first word
+        return [(head + stem, gap + option + after) for option in question.options[:4]]
 
+    @torch.inference_mode()
+    def option_gains(self, captions: Sequence[str], questions: Sequence[Question]) -> torch.Tensor:
+        """[N, 4]: log p(passage with option k | caption) − log p(same | empty caption), nats."""
+        _check_pairs(captions, questions, "questions")
+        if not captions:
+            return torch.zeros((0, 4))
+        texts = [t for c, q in zip(captions, questions) for t in self.option_texts(c, q)]
+        texts += [t for q in questions for t in self.option_texts("", q)]
+        distinct, inverse = _unique(texts)
+        logprobs = self.continuation_logprobs(distinct)[torch.tensor(inverse)]
+        n = len(captions)
+        return (logprobs[: 4 * n] - logprobs[4 * n :]).view(n, 4)
+
+    def continuation_logprobs(self, texts: Sequence[tuple[str, str]]) -> torch.Tensor:
+        """Summed log-probability of each continuation after its context; one pass per batch."""
+        ids, lengths = [], []
+        for context, continuation in texts:
+            head = self.tokenizer(context, add_special_tokens=True).input_ids
+            tail = self.tokenizer(continuation, add_special_tokens=False).input_ids
+            if not head or not tail:
+                raise ValueError(f"empty context or continuation to score: {context!r} / {continuation!r}")
+            ids.append(head + tail)
+            lengths.append(len(tail))
+        out = torch.empty(len(texts), dtype=torch.float32)
+        for group in self.batches(ids):
+            batch = self.batch_tensors([ids[i] for i in group])
+            positions = (batch["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)
+            keep = max(lengths[i] for i in group) + 1  # every continuation sits at the right end
+            logits = self.model(**batch, position_ids=positions, logits_to_keep=keep).logits  # [B, keep, V]
+            targets = batch["input_ids"][:, 1 - keep :]  # [B, keep-1]
+            token_lp = logits[:, :-1].float().log_softmax(-1).gather(2, targets[..., None])[..., 0]
+            for row, i in enumerate(group):
+                out[i] = token_lp[row, keep - 1 - lengths[i] :].sum().cpu()
+        return out
+
+    # --- free generation (benchmark only) ---------------------------------------------------------
     def answer_by_generation(
         self, captions: Sequence[str], questions: Sequence[Question], max_new_tokens: int = 8
     ) -> list[str]:
-        """Free greedy generation, parsed for the first standalone A–E ("E" when none is found).
-
-        For the examiner benchmark only: it costs ``max_new_tokens`` decoding steps and can fail to
-        parse, which the letter-logit :meth:`answer` cannot.
-        """
+        """Free greedy generation on the letters prompt, parsed for the first standalone A–E ("E"
+        when none is found). For the examiner benchmark only: it costs ``max_new_tokens`` decoding
+        steps and can fail to parse, which :meth:`answer` cannot."""
         _check_pairs(captions, questions, "questions")
         texts = self.generate([self.prompt(c, q) for c, q in zip(captions, questions)], max_new_tokens)
         return [parse_letter(t) or "E" for t in texts]
