@@ -11,6 +11,7 @@ once per batch, while a plain ``gymnasium.make`` user gets the reward from ``ste
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -115,11 +116,12 @@ class CaptionEnv(gym.Env):
             self._obs = next_obs
             return next_obs, 0.0, False, False, info
         info["episode"] = episode
+        final_obs = copy.deepcopy(self._obs)  # the caller owns what it is given; nothing is shared
         if self.defer_scoring:
-            return self._obs, 0.0, True, False, info
+            return final_obs, 0.0, True, False, info
         score = self.score([episode])[0]
         info.update(score=score, rewards=dict(score.components), utilities=list(score.utilities))
-        return self._obs, float(score.reward), True, False, info
+        return final_obs, float(score.reward), True, False, info
 
     # --- helpers for subclasses ---------------------------------------------------------------
     @staticmethod

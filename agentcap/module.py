@@ -104,7 +104,7 @@ class GRPOModule(L.LightningModule):
         weight_decay: AdamW weight decay.
         eval_limit: evaluate on at most this many held-out items (None: all).
         generation_batch_size: observations per generate call.
-        sample_every: ticks between sample tables.
+        sample_every: GRPO steps between sample tables (the first step of a stage always logs one).
         run_dir: where ``summary.json`` and checkpoints go.
         seed: seeds sampling and the order of items.
     """
@@ -327,7 +327,7 @@ class GRPOModule(L.LightningModule):
         for span, advantage in zip(spans, advantages.tolist()):
             span.advantage = advantage
         stats = self.update(agent, spans)
-        self._log_rollout(stage, batch, spans, stats)
+        self._log_rollout(stage, step, batch, spans, stats)
 
     def update(self, agent: Agent, spans: Sequence[Span]) -> dict[str, float]:
         """``ppo_epochs`` passes of clipped updates over this rank's spans (global normalisation)."""
@@ -477,7 +477,9 @@ class GRPOModule(L.LightningModule):
         return path
 
     # --- logging ------------------------------------------------------------------------------
-    def _log_rollout(self, stage: Stage, batch: RolloutBatch, spans: Sequence[Span], stats: dict[str, float]):
+    def _log_rollout(
+        self, stage: Stage, step: int, batch: RolloutBatch, spans: Sequence[Span], stats: dict[str, float]
+    ) -> None:
         name = stage.agent
         components: dict[str, list[float]] = defaultdict(list)
         for score in batch.scores:
@@ -502,7 +504,7 @@ class GRPOModule(L.LightningModule):
         self.log("stage", float(self._stage_index or 0))
         for split, count in self.skipped_rows.items():
             self.log(f"data/{split}/skipped_rows", float(count))
-        if self.tick % max(self.sample_every, 1) == 0:
+        if step % max(self.sample_every, 1) == 0:  # the first step of every stage, then every N
             self.samples = [
                 {
                     "tick": self.tick,

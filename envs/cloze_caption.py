@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -18,6 +19,9 @@ PROMPTS = {
     ),
     "compact": "Describe every sound with its start and end time .",
 }
+
+#: The reward components, in the order they are logged; ``weights`` may name only these.
+COMPONENTS = ("esr", "ectr", "length")
 
 
 def build_examiner(spec: str, device: str = "cpu"):
@@ -57,12 +61,16 @@ class ClozeCaptionEnv(CaptionEnv):
     + ``weights["ectr"]``·ECTR (mean tIoU over anchors, null → 0; Eq. 5)
     + ``weights["length"]``·length. The reward curriculum (Eq. 7: R(1) without ECTR, then R(2)) is two
     schedule stages with different ``weights``; the duration curriculum is a stage ``max_duration``.
+    A weight left out counts 0; a weight naming no component is refused (a typo must not drop a
+    term silently). An unlabelled item (``item_from_audio``: no cloze bank) has no reward: NaN,
+    no components, utility ``None``, ``extras["unlabelled"] = 1``.
 
     ## Episode end
     After the single action.
 
     ## Arguments
-    manifest: JSONL rows with ``id, audio, caption, cloze, anchors`` (``duration`` optional).
+    manifest: JSONL rows with ``id, audio, caption, cloze, anchors`` (``duration`` optional); ``cloze``
+    and ``anchors`` must be non-empty (ESR and ECTR are means over them).
     examiner / temporal_examiner: ``rule`` (toy worlds only) or a local HF causal-LM folder.
     half_width: w, the widening of point timestamps. on_error: ``skip`` drops unusable rows (missing,
     empty or corrupt audio; bad cloze items) and counts them; more than ``max_skip_fraction`` stops.
@@ -101,6 +109,9 @@ class ClozeCaptionEnv(CaptionEnv):
         self.prompt_style = prompt
         self.examiner_spec, self.temporal_spec, self.examiner_device = examiner, temporal_examiner, examiner_device
         self.weights = dict(weights or {"esr": 1.0, "ectr": 1.0, "length": 0.1})
+        unknown = sorted(set(self.weights) - set(COMPONENTS))
+        if unknown:
+            raise ValueError(f"weights name unknown reward components {unknown}; the components are {list(COMPONENTS)}")
         self.half_width, self.length_tolerance = half_width, length_tolerance
         self.answer_scores = {"r_pos": r_pos, "r_abs": r_abs, "r_neg": r_neg}
         self._examiner = None
@@ -114,15 +125,17 @@ class ClozeCaptionEnv(CaptionEnv):
             raise ManifestError(f"{where}: field 'audio': file {path!r} not found")
         if os.path.getsize(path) == 0:
             raise ManifestError(f"{where}: field 'audio': file {path!r} is empty")
-        row.setdefault("duration", audio_duration(path, where))
+        duration = audio_duration(path, f"{where}: field 'audio'")  # a corrupt file fails here, at load
+        row.setdefault("duration", duration)
         if not row["caption"].strip():
             raise ManifestError(f"{where}: field 'caption' (the gold caption) is empty")
         if not row["cloze"]:
             raise ManifestError(f"{where}: field 'cloze' is empty; every clip needs at least one question")
         row["_questions"] = [Question.from_row(q, f"{where}: cloze[{j}]") for j, q in enumerate(row["cloze"])]
+        if not row["anchors"]:
+            raise ManifestError(f"{where}: field 'anchors' is empty; ECTR needs at least one event anchor")
         for j, anchor in enumerate(row["anchors"]):
-            if not {"event", "start", "end"} <= set(anchor) or float(anchor["end"]) < float(anchor["start"]):
-                raise ManifestError(f"{where}: anchors[{j}] needs event, start ≤ end; got {anchor!r}")
+            _check_anchor(anchor, f"{where}: anchors[{j}]")
 
     def item_from_audio(self, path: str) -> dict[str, Any]:
         """An unlabelled item for inference on a raw audio file."""
@@ -163,21 +176,60 @@ class ClozeCaptionEnv(CaptionEnv):
             length_reward,
         )
 
-        captions = [e.actions[-1].text if e.actions else "" for e in episodes]
-        parts = {
-            "esr": evidence_sufficiency(
-                captions, [e.item["_questions"] for e in episodes], self.examiner, **self.answer_scores
-            ),
-            "ectr": event_temporal_reward(captions, [e.item["anchors"] for e in episodes], self.temporal),
-            "length": length_reward(captions, [e.item["caption"] for e in episodes], self.length_tolerance),
-        }
-        weights = {k: float(self.weights.get(k, 0.0)) for k in parts}
-        total = weighted_sum(parts, weights)
-        return [
-            Score(
-                reward=float(total[i]),
-                components={k: float(v[i]) for k, v in parts.items()},
-                utilities=[float(total[i])],
-            )
-            for i in range(len(episodes))
-        ]
+        scores: list[Score | None] = [None] * len(episodes)
+        labelled = []
+        for i, e in enumerate(episodes):
+            if question_bank(e.item):
+                labelled.append(i)
+            else:  # inference on a raw audio file: no gold, nothing to score
+                scores[i] = Score(math.nan, {}, [None] * len(e.actions), {"unlabelled": 1.0})
+        if labelled:
+            batch = [episodes[i] for i in labelled]
+            captions = [e.actions[-1].text if e.actions else "" for e in batch]
+            parts = {
+                "esr": evidence_sufficiency(
+                    captions, [question_bank(e.item) for e in batch], self.examiner, **self.answer_scores
+                ),
+                "ectr": event_temporal_reward(captions, [e.item["anchors"] for e in batch], self.temporal),
+                "length": length_reward(captions, [e.item["caption"] for e in batch], self.length_tolerance),
+            }
+            weights = {k: float(self.weights.get(k, 0.0)) for k in COMPONENTS}
+            total = weighted_sum(parts, weights)
+            for row, i in enumerate(labelled):
+                scores[i] = Score(
+                    reward=float(total[row]),
+                    components={k: float(v[row]) for k, v in parts.items()},
+                    utilities=[float(total[row])],
+                )
+        return scores  # type: ignore[return-value]
+
+
+def question_bank(item: Mapping[str, Any], field: str = "cloze") -> list:
+    """The item's parsed question bank: built on load from a manifest, built here (and kept) for
+    items handed over directly (``items=``); empty for an unlabelled item."""
+    from agentcap.judges.examiner import Question
+
+    questions = item.get("_questions")
+    if questions is None:
+        where = str(item.get("_where") or item.get("id", "item"))
+        questions = [Question.from_row(q, f"{where}: {field}[{j}]") for j, q in enumerate(item.get(field) or [])]
+        if isinstance(item, dict):
+            item["_questions"] = questions
+    return list(questions)
+
+
+def _check_anchor(anchor: Any, where: str) -> None:
+    """An ECTR anchor ``{"event": str, "start": s, "end": e}`` with 0 ≤ s ≤ e (AudioMap Eq. 4–5)."""
+    if not isinstance(anchor, Mapping):
+        raise ManifestError(f"{where}: an anchor must be an object with event, start, end; got {anchor!r}")
+    for name in ("event", "start", "end"):
+        if name not in anchor:
+            raise ManifestError(f"{where}: anchor is missing field {name!r} (has {sorted(anchor)})")
+    event, start, end = anchor["event"], anchor["start"], anchor["end"]
+    if not isinstance(event, str) or not event.strip():
+        raise ManifestError(f"{where}: field 'event' must be a non-empty string, got {event!r}")
+    for name, value in (("start", start), ("end", end)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ManifestError(f"{where}: field {name!r} must be a number of seconds, got {value!r}")
+    if not 0 <= start <= end:
+        raise ManifestError(f"{where}: fields 'start'/'end' need 0 ≤ start ≤ end, got start={start!r}, end={end!r}")

@@ -11,6 +11,7 @@ from agentcap.algorithms.loop import LoopConfig, composer_utilities, evidence_st
 from agentcap.data import ManifestError, audio_duration, load_audio, resolve
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score
+from agentcap_envs.cloze_caption import question_bank
 
 CAPTIONER, COMPOSER, INSTRUCT = "captioner", "composer", "instruct"
 
@@ -32,16 +33,18 @@ PROMPTS = {
     },
 }
 
-_ASK = re.compile(r"^\s*ask\s*:?\s*", re.IGNORECASE)
+_ASK = re.compile(r"^\s*ask\b\s*:?\s*", re.IGNORECASE)
 _READY = re.compile(r"^\s*ready\b", re.IGNORECASE)
 
 
 def parse_composer_action(text: str) -> tuple[str, str, bool]:
     """(kind, question, malformed) of a Composer turn.
 
-    ``READY…`` (any case) or an empty action stops; ``ASK: q`` asks ``q``; any other text is asked
-    verbatim as a question and flagged malformed, so a Composer that forgets the prefix still pays
-    the question cost and earns only what its text elicits, instead of silently ending the game.
+    ``READY…`` (any case) or an empty action stops; ``ASK: q`` (or ``ASK q``; the word ASK, any case,
+    colon optional) asks ``q``; ``ASK:`` with nothing after it stops and is flagged malformed; any
+    other text (``Askew…`` too: ASK must be a whole word) is asked verbatim as a question and
+    flagged malformed, so a Composer that forgets the prefix still pays the question cost and earns
+    only what its text elicits, instead of silently ending the game.
     """
     if not text.strip() or _READY.match(text):
         return "stop", "", False
@@ -79,7 +82,12 @@ class EvidenceGameEnv(CaptionEnv):
     −1 wrong, mean over the bank. The episode reward is R_G(c^F) (``game``), R_G(c0) (``captioner``)
     or the Instruct utility (``instruct``). Components: ``g2p_c0``, ``g2p_evidence``, ``g2p_final``;
     extras: ``questions``, ``forced``, ``acc_*`` (share answered correctly), ``retention_gap``
-    (Acc(E) − Acc(c^F)), ``malformed``.
+    (Acc(E) − Acc(c^F)), ``malformed``. Utilities are aligned with ``episode.actions``: in ``game``
+    mode u^Q / u^S / u^F on the Composer's question / stop / final actions and ``None`` on the
+    Captioner's c0 and the Instruct answers. One examiner call per ``score`` batch; a (text,
+    question) pair that repeats in the batch (shared c0, identical evidence states) is judged once.
+    An unlabelled item (``item_from_audio``: no MCQ bank) has no reward: NaN, no components,
+    utilities ``None``, ``extras["unlabelled"] = 1``.
 
     ## Episode end
     After c^F (``game``), c0 (``captioner``) or the answer (``instruct``).
@@ -139,7 +147,8 @@ class EvidenceGameEnv(CaptionEnv):
             raise ManifestError(f"{where}: field 'audio': file {path!r} not found")
         if os.path.getsize(path) == 0:
             raise ManifestError(f"{where}: field 'audio': file {path!r} is empty")
-        row.setdefault("duration", audio_duration(path, where))
+        duration = audio_duration(path, f"{where}: field 'audio'")  # a corrupt file fails here, at load
+        row.setdefault("duration", duration)
         if not row["mcq"]:
             raise ManifestError(f"{where}: field 'mcq' (the gold MCQ bank) is empty")
         row["_questions"] = [Question.from_row(q, f"{where}: mcq[{j}]") for j, q in enumerate(row["mcq"])]
@@ -173,13 +182,21 @@ class EvidenceGameEnv(CaptionEnv):
         item = episode.item
         episode.state.update(qa=[], stopped=False, malformed=0)
         if self.mode == "instruct":
-            episode.state.update(c0=item["c0"], qa=[tuple(p) for p in item["history"]])
+            episode.state.update(c0=item["c0"], qa=[tuple(p) for p in item["history"]], turn=INSTRUCT)
             return self.instruct_obs(item, item["c0"], episode.state["qa"], item["question"])
+        episode.state["turn"] = CAPTIONER
         return self.captioner_obs(item)
 
     def advance(self, episode: Episode, action: str) -> dict[str, Any] | None:
+        obs = self._advance(episode, action)
+        episode.state["turn"] = obs["agent"] if obs is not None else None
+        return obs
+
+    def _advance(self, episode: Episode, action: str) -> dict[str, Any] | None:
         state, item = episode.state, episode.item
-        acting = self._obs["agent"] if self._obs is not None else CAPTIONER
+        acting = state.get("turn")  # whose turn it is lives in the episode, so any env instance can step it
+        if acting is None:
+            raise RuntimeError("this episode is over (or was never begun); call reset() first")
         if self.mode == "instruct":
             self.record(episode, INSTRUCT, "answer", action)
             state["answer"] = action
@@ -215,10 +232,16 @@ class EvidenceGameEnv(CaptionEnv):
 
     # --- supervised warm start ----------------------------------------------------------------
     def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
-        """Every role's targets from the gold data: c0 = the short caption, the first K gold
-        questions in order, READY, then the gold caption; Instruct answers the gold answers."""
-        c0 = item.get("short_caption") or item["caption"].split(".")[0] + "."
-        qa = [(q["question"], q["answer"]) for q in item.get("qa", [])][: self.demo_questions]
+        """Every role's targets from the gold data, in game order: c0 = the short caption (else the
+        gold caption's first sentence), the first min(demo_questions, K) gold questions, each
+        followed by its gold answer (Instruct), READY when fewer than K were asked, then the gold
+        caption as the final caption."""
+        from agentcap.judges.examiner import sentences
+
+        # the first sentence of the gold caption, when there is no short caption ("4.7 s" does not end one)
+        c0 = item.get("short_caption") or (sentences(item["caption"]) or [item["caption"]])[0]
+        # never more questions than the game allows: the K-th answer is followed by the final turn
+        qa = [(q["question"], q["answer"]) for q in item.get("qa", [])][: min(self.demo_questions, self.budget)]
         demos = [(self.captioner_obs(item), c0)]
         for t, (question, answer) in enumerate(qa):
             demos.append((self.composer_obs(c0, qa[:t], finalize=False), f"ASK : {question}"))
@@ -248,39 +271,45 @@ class EvidenceGameEnv(CaptionEnv):
         return self._examiner
 
     def g2p(self, requests: Sequence[tuple[int, str]], episodes: Sequence[Episode]) -> dict[tuple[int, str], tuple[float, float]]:
-        """G2P and accuracy of every (episode, text) request, one batched examiner call.
+        """(R_G, accuracy) of every (episode index, text) request, from one batched examiner call.
 
-        Identical texts of the same item (shared c0, repeated evidence states) are judged once.
+        Every (text, gold question) pair of the batch is sent once: identical texts on the same bank
+        (a shared c0, repeated evidence states, the G rollouts of an item) are judged once, and
+        items are told apart by their banks, never by their ids.
         """
         from agentcap.rewards.functional.cloze import answer_scores
 
-        keys = sorted({(episodes[i].item["id"], text): i for i, text in requests}.items())
-        captions, questions, owners = [], [], []
-        for (_, text), i in keys:
-            for q in episodes[i].item["_questions"]:
-                captions.append(text)
-                questions.append(q)
-                owners.append((episodes[i].item["id"], text))
-        letters = self.examiner.answer(captions, questions) if captions else []
-        scores = answer_scores(letters, [q.answer for q in questions]).tolist() if letters else []
-        totals: dict[tuple[str, str], list[float]] = {}
-        for owner, letter, q, s in zip(owners, letters, questions, scores):
-            bucket = totals.setdefault(owner, [0.0, 0.0, 0.0])
-            bucket[0] += s
-            bucket[1] += float(letter == q.answer)
-            bucket[2] += 1
+        pairs: dict[tuple[str, Any], int] = {}
+        rows: dict[tuple[int, str], list[int]] = {}
+        for i, text in requests:
+            if (i, text) not in rows:
+                bank = question_bank(episodes[i].item, "mcq")
+                rows[(i, text)] = [pairs.setdefault((text, q), len(pairs)) for q in bank]
+        unique = list(pairs)
+        letters = self.examiner.answer([t for t, _ in unique], [q for _, q in unique]) if unique else []
+        if len(letters) != len(unique):
+            raise RuntimeError(f"examiner returned {len(letters)} answers for {len(unique)} questions")
+        gold = [q.answer for _, q in unique]
+        scores = answer_scores(letters, gold).tolist() if unique else []
+        correct = [float(a == g) for a, g in zip(letters, gold)]
         return {
-            (i, text): (totals[(episodes[i].item["id"], text)][0] / totals[(episodes[i].item["id"], text)][2],
-                        totals[(episodes[i].item["id"], text)][1] / totals[(episodes[i].item["id"], text)][2])
-            for i, text in requests
+            key: (sum(scores[k] for k in row) / len(row), sum(correct[k] for k in row) / len(row))
+            for key, row in rows.items()
         }
 
     def score(self, episodes: Sequence[Episode]) -> list[Score]:
         requests: list[tuple[int, str]] = []
-        states: list[dict[str, Any]] = []
+        states: list[dict[str, Any] | None] = []
         for i, e in enumerate(episodes):
             s = e.state
             c0 = s.get("c0", "")
+            if not question_bank(e.item, "mcq"):  # inference on a raw audio file: no gold, nothing to score
+                states.append(None)
+                continue
+            if self.mode == "captioner":  # Eq. 22 needs R_G(c0) only
+                states.append({"c0": c0})
+                requests.append((i, c0))
+                continue
             if self.mode == "instruct":
                 before = serialize_evidence(c0, s["qa"])
                 after = serialize_evidence(c0, [*s["qa"], (e.item["question"], s.get("answer", ""))])
@@ -294,7 +323,9 @@ class EvidenceGameEnv(CaptionEnv):
         judged = self.g2p(requests, episodes)
         return [self._score_one(i, e, st, judged) for i, (e, st) in enumerate(zip(episodes, states))]
 
-    def _score_one(self, i: int, episode: Episode, st: dict[str, Any], judged) -> Score:
+    def _score_one(self, i: int, episode: Episode, st: dict[str, Any] | None, judged) -> Score:
+        if st is None:
+            return Score(float("nan"), {}, [None] * len(episode.actions), {"unlabelled": 1.0})
         if self.mode == "instruct":
             (r_before, _), (r_after, _) = judged[(i, st["before"])], judged[(i, st["after"])]
             utility = r_after - r_before  # Eq. 23

@@ -91,17 +91,21 @@ class Agent(nn.Module):
         self.top_p = top_p
         self.lr = lr
         self.trainable = False
+        # parameters the model itself keeps fixed (e.g. sinusoidal audio positions) stay fixed
+        self._always_frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
         self.set_trainable(False)
 
     def set_trainable(self, trainable: bool) -> None:
-        """Frozen agents are in eval mode with no grad, so they carry no optimiser state."""
+        """Frozen agents have no grad, so they carry no optimiser state."""
         self.trainable = trainable
-        self.model.requires_grad_(trainable)
-        self.model.train(trainable)
+        for name, param in self.model.named_parameters():
+            param.requires_grad_(trainable and name not in self._always_frozen)
+        self.model.eval()
 
-    def train(self, mode: bool = True):  # Lightning toggles train/eval; frozen agents stay in eval
-        super().train(mode and self.trainable)
-        return self
+    def train(self, mode: bool = True):
+        """Always eval mode: with dropout on, the sampler and the learner would see different
+        policies and the first PPO ratio would not be 1."""
+        return super().train(False)
 
     @property
     def eos_ids(self) -> list[int]:
@@ -120,8 +124,6 @@ class Agent(nn.Module):
     ) -> list[Generation]:
         """One batched sampling call per ``batch_size`` observations; returns texts, ids, log-probs."""
         results: list[Generation] = []
-        was_training = self.model.training
-        self.model.eval()  # dropout off while sampling
         for start in range(0, len(observations), batch_size):
             chunk = list(observations[start : start + batch_size])
             inputs = self.family.encode(chunk)
@@ -141,7 +143,6 @@ class Agent(nn.Module):
                 ids = completion[i, :n]
                 text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
                 results.append(Generation(text=text, completion_ids=ids.cpu(), old_logprobs=logprobs[i, :n].cpu()))
-        self.model.train(was_training)
         return results
 
     # --- scoring ------------------------------------------------------------------------------

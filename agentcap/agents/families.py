@@ -236,9 +236,8 @@ class VisionFamily(ProcessorFamily):
         self.frames_as = frames_as
         start = _token(processor, tokenizer, "vision_start_token", "<|vision_start|>")
         end = _token(processor, tokenizer, "vision_end_token", "<|vision_end|>")
-        video, image = _token(processor, tokenizer, "video_token", "<|video_pad|>"), _token(
-            processor, tokenizer, "image_token", "<|image_pad|>"
-        )
+        image = _token(processor, tokenizer, "image_token", "<|image_pad|>")
+        video = _token(processor, tokenizer, "video_token", "<|video_pad|>")
         self.media_tokens = (start, end, image, video)
         self.image_placeholder = start + image + end
         # Qwen3-VL's processor expands the video token to "<t seconds><|vision_start|>…<|vision_end|>"
@@ -295,7 +294,6 @@ class VisionFamily(ProcessorFamily):
 
     def position_ids(self, full: dict[str, Any]) -> torch.Tensor:
         """M-RoPE positions from the model's own ``get_rope_index``, as ``generate`` builds them."""
-        mask = full["attention_mask"]
         has_media = full.get("image_grid_thw") is not None or full.get("video_grid_thw") is not None
         if not has_media:  # text only: the three sections share the 1-D positions
             return super().position_ids(full).unsqueeze(0).expand(3, -1, -1)

@@ -131,7 +131,8 @@ def _causal(kind: str, tokenizer, text: dict[str, Any] | None, seed: int) -> Tin
     elif kind in ("qwen2", "qwen3", "llama"):
         extra = {"head_dim": 16} if kind == "qwen3" else {}
         name = {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama"}[kind]
-        config = getattr(transformers, f"{name}Config")(**_text_config(tokenizer, text, max_position_embeddings=4096, **extra))
+        fields = _text_config(tokenizer, text, max_position_embeddings=4096, **extra)
+        config = getattr(transformers, f"{name}Config")(**fields)
         cls = getattr(transformers, f"{name}ForCausalLM")
     else:
         raise ValueError(f"unknown causal LM kind {kind!r}; one of {CAUSAL_KINDS}")

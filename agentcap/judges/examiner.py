@@ -82,36 +82,44 @@ class Question:
         return "\n".join(lines)
 
 
-def _check_question(passage: Any, options: tuple, answer: Any, meta: Any, where: str) -> None:
+def question_problems(passage: Any, options: Sequence[Any], answer: Any, meta: Any = None) -> list[str]:
+    """Every reason a cloze / MCQ item is unusable, each naming the field and the bad value."""
+    problems = []
     if not isinstance(passage, str) or not passage.strip():
-        raise ManifestError(f"{where}: field 'passage' must be a non-empty string, got {passage!r}")
+        problems.append(f"field 'passage' must be a non-empty string, got {passage!r}")
     if len(options) != 5:
-        raise ManifestError(
-            f"{where}: field 'options' must hold exactly 5 options (A–D and E='{NOT_GIVEN}'), "
+        problems.append(
+            f"field 'options' must hold exactly 5 options (A–D and E='{NOT_GIVEN}'), "
             f"got {len(options)}: {list(options)!r}"
         )
-    for letter, text in zip(LETTERS, options):
-        if not isinstance(text, str) or not text.strip():
-            raise ManifestError(f"{where}: field 'options' option {letter} must be a non-empty string, got {text!r}")
-    if options[4].strip().lower() != NOT_GIVEN.lower():
-        raise ManifestError(f"{where}: field 'options' option E must be {NOT_GIVEN!r}, got {options[4]!r}")
+    texts = [t.strip().lower() if isinstance(t, str) else None for t in options]
+    for letter, text, raw in zip(LETTERS, texts, options):
+        if not text:
+            problems.append(f"field 'options' option {letter} must be a non-empty string, got {raw!r}")
+    if len(options) == 5 and texts[4] is not None and texts[4] != NOT_GIVEN.lower():
+        problems.append(f"field 'options' option E must be {NOT_GIVEN!r}, got {options[4]!r}")
     seen: dict[str, str] = {}
-    for letter, text in zip(LETTERS, options):
-        key = text.strip().lower()
-        if key in seen:
-            raise ManifestError(
-                f"{where}: field 'options' has a duplicate option {text!r} (options {seen[key]} and {letter})"
-            )
-        seen[key] = letter
+    for letter, text, raw in zip(LETTERS, texts, options):
+        if text and text in seen:
+            problems.append(f"field 'options' has a duplicate option {raw!r} (options {seen[text]} and {letter})")
+        elif text:
+            seen[text] = letter
     if answer == "E":
-        raise ManifestError(
-            f"{where}: field 'answer' is 'E', but E is '{NOT_GIVEN}' and can never be the gold answer; "
+        problems.append(
+            f"field 'answer' is 'E', but E is '{NOT_GIVEN}' and can never be the gold answer; "
             "the gold must be one of A, B, C, D"
         )
-    if answer not in GOLD_LETTERS:
-        raise ManifestError(f"{where}: field 'answer' must be one of A, B, C, D, got {answer!r}")
-    if not isinstance(meta, Mapping):
-        raise ManifestError(f"{where}: field 'meta' must be an object, got {meta!r}")
+    elif answer not in GOLD_LETTERS:
+        problems.append(f"field 'answer' must be one of A, B, C, D, got {answer!r}")
+    if meta is not None and not isinstance(meta, Mapping):
+        problems.append(f"field 'meta' must be an object, got {meta!r}")
+    return problems
+
+
+def _check_question(passage: Any, options: Sequence[Any], answer: Any, meta: Any, where: str) -> None:
+    problems = question_problems(passage, options, answer, meta)
+    if problems:
+        raise ManifestError(f"{where}: " + "; ".join(problems))
 
 
 # --- the protocol --------------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""The `agentcap` command: shipped configs parse, bad input is refused with a clear message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentcap.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "configs").rglob("*.yaml"))
+
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agentcap.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_shipped_config_parses(config, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(ROOT / config), "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert "model:" in capsys.readouterr().out
+
+
+def test_shipped_configs_start_with_their_command():
+    for config in CONFIGS:
+        head = (ROOT / config).read_text().splitlines()[:6]
+        assert any("agentcap fit --config" in line for line in head), config
+
+
+def test_unknown_key_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(ROOT / "configs/demo/read.yaml"), "--model.grup_size", "3", "--print_config"])
+    assert exit_info.value.code != 0
+    assert "grup_size" in capsys.readouterr().err
+
+
+def test_wrong_type_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", str(ROOT / "configs/demo/read.yaml"), "--model.group_size", "many"])
+    assert exit_info.value.code != 0
+    assert "group_size" in capsys.readouterr().err
+
+
+def test_group_size_must_divide_the_batch(tmp_path, toy_movie, make_read_config):
+    config = make_read_config(tmp_path, toy_movie, [{"name": "e", "kind": "evaluate", "split": "val"}])
+    with pytest.raises(ValueError, match=r"--model.group_size \(3\) must divide --model.rollout_batch_size \(8\)"):
+        main(["fit", "--config", str(config), "--model.group_size", "3"])
+
+
+def test_paper_recipe_fails_fast_naming_the_demo():
+    result = run_cli("fit", "--config", "configs/read.yaml")
+    assert result.returncode == 2
+    assert "models/Qwen3-VL-8B-Instruct" in result.stderr
+    assert "configs/demo/read.yaml" in result.stderr
+
+
+def test_envs_lists_the_builtins():
+    result = run_cli("envs")
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    for env_id in ("agentcap/ADClip-v0", "agentcap/ClozeCaption-v0", "agentcap/EvidenceGame-v0"):
+        assert sum(line.startswith(env_id) for line in lines) == 1, result.stdout

@@ -1,0 +1,133 @@
+"""GRPO core: advantages, the clipped objective with KL, masks, and which weights an update moves."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from agentcap.agents import AgentConfig, build_agent
+from agentcap.agents.agent import pad_right, trim_after_eos
+from agentcap.algorithms.grpo import clipped_objective, group_advantages, kl_k3, token_weights
+
+
+def test_group_advantages_match_hand_computation():
+    rewards = torch.tensor([1.0, 2.0, 3.0, 5.0, 5.0, 5.0])
+    adv = group_advantages(rewards, [0, 0, 0, 1, 1, 1], eps=0.0)
+    std = math.sqrt(2.0 / 3.0)  # population std of 1, 2, 3
+    assert adv[:3].tolist() == pytest.approx([-1 / std, 0.0, 1 / std])
+    assert adv[3:].tolist() == [0.0, 0.0, 0.0]  # all-equal group: zero, never NaN
+    assert not torch.isnan(adv).any()
+
+
+def test_clipped_objective_matches_hand_computation():
+    logp = torch.log(torch.tensor([[0.5, 0.2]]))
+    old = torch.log(torch.tensor([[0.25, 0.4]]))  # ratios 2.0 and 0.5
+    mask = torch.ones(1, 2)
+    out = clipped_objective(logp, old, torch.tensor([1.0]), mask, clip_eps=0.2)
+    # A > 0: min(2.0, 1.2) = 1.2 and min(0.5, 0.8) = 0.5; token mean → loss −0.85
+    assert out["loss"].item() == pytest.approx(-0.85)
+    assert out["clipfrac"].item() == pytest.approx(0.5)
+    neg = clipped_objective(logp, old, torch.tensor([-1.0]), mask, clip_eps=0.2)
+    # A < 0: min(−2.0, −1.2) = −2.0 and min(−0.5, −0.8) = −0.8 → loss +1.4
+    assert neg["loss"].item() == pytest.approx(1.4)
+
+
+def test_kl_k3_and_beta():
+    logp = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-1.5, -1.0]])
+    r = ref - logp
+    expected = (torch.exp(r) - r - 1).mean()
+    assert kl_k3(logp, ref).mean().item() == pytest.approx(expected.item())
+    out = clipped_objective(logp, logp.detach(), torch.tensor([0.0]), torch.ones(1, 2), beta=0.1, ref_logprobs=ref)
+    assert out["loss"].item() == pytest.approx(0.1 * expected.item())
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        clipped_objective(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), beta=0.1)
+
+
+def test_masked_tokens_get_no_gradient():
+    logp = torch.tensor([[-1.0, -1.0, -1.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0]])
+    out = clipped_objective(logp, logp.detach(), torch.tensor([1.0]), mask)
+    out["loss"].backward()
+    assert logp.grad[0, 2] == 0 and logp.grad[0, 0] != 0
+
+
+def test_global_token_normaliser_splits_exactly():
+    """Loss of a batch = sum of its shards' losses under the global normaliser (data parallel)."""
+    torch.manual_seed(0)
+    logp, old = torch.randn(4, 5), torch.randn(4, 5)
+    mask = (torch.rand(4, 5) > 0.3).long()
+    adv = torch.randn(4)
+    full = clipped_objective(logp, old, adv, mask, weights=token_weights(mask))["loss"]
+    total = float(mask.sum())
+    parts = sum(
+        clipped_objective(logp[s], old[s], adv[s], mask[s], weights=token_weights(mask[s], normalizer=total))["loss"]
+        for s in (slice(0, 1), slice(1, 4))
+    )
+    assert parts.item() == pytest.approx(full.item(), abs=1e-6)
+    seq = token_weights(mask, mode="sequence")
+    assert seq.sum().item() == pytest.approx(float((mask.sum(1) > 0).sum()) / 4)
+
+
+def test_trim_after_eos_keeps_first_eos():
+    ids, mask = trim_after_eos(torch.tensor([[5, 9, 7, 9, 3], [4, 4, 4, 4, 4]]), eos_ids=[9], pad_id=0)
+    assert ids.tolist() == [[5, 9, 0, 0, 0], [4, 4, 4, 4, 4]]
+    assert mask.tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]]
+
+
+@pytest.fixture
+def two_agents(tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Anna opens the red door .\nTom picks up the key .\n")
+    cfg = dict(toy={"media": "features", "feature_dim": 8, "hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                    "intermediate_size": 64}, build_tokenizer_from=[str(texts)], max_new_tokens=6)
+    torch.manual_seed(0)
+    return build_agent("policy", AgentConfig(**cfg)), build_agent("other", AgentConfig(**cfg))
+
+
+def observations(n: int):
+    rng = np.random.default_rng(0)
+    return [
+        {"agent": "policy", "messages": [{"role": "user", "content": "Anna opens the" + " door" * (i % 3)}],
+         "media": {"features": rng.standard_normal((3, 8)).astype(np.float32)}}
+        for i in range(n)
+    ]
+
+
+def test_update_moves_every_trainable_weight_and_no_frozen_one(two_agents):
+    policy, other = two_agents
+    policy.set_trainable(True)
+    other.set_trainable(False)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    frozen = {k: v.clone() for k, v in other.state_dict().items()}
+    obs = observations(4)
+    gens = policy.generate(obs)
+    inputs = policy.encode(obs)
+    completion, mask = pad_right([g.completion_ids for g in gens], policy.tokenizer.pad_token_id)
+    old, _ = pad_right([g.old_logprobs for g in gens], 0)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(2):
+        logprobs = policy.completion_logprobs(inputs, completion, mask)
+        out = clipped_objective(logprobs, old, torch.tensor([1.0, -1.0, 0.5, -0.5]), mask)
+        out["loss"].backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    after = policy.state_dict()
+    unchanged = [k for k, v in before.items() if v.is_floating_point() and torch.equal(v, after[k])]
+    assert not unchanged, f"trainable weights that did not move: {unchanged}"
+    assert all(torch.equal(v, other.state_dict()[k]) for k, v in frozen.items())
+    assert all(p.grad is None and not p.requires_grad for p in other.parameters())
+
+
+def test_old_logprobs_equal_the_training_forward(two_agents):
+    """Sampling and learning see the same numbers, also when prompts of different lengths are padded."""
+    policy, _ = two_agents
+    obs = observations(3)
+    gens = policy.generate(obs, greedy=True)
+    for single, gen in zip(obs, gens):
+        alone = policy.generate([single], greedy=True)[0]
+        assert alone.text == gen.text
+        torch.testing.assert_close(alone.old_logprobs, gen.old_logprobs, atol=1e-5, rtol=1e-4)

@@ -1,0 +1,156 @@
+"""End to end through `agentcap fit`: the schedule, summary.json, checkpoints and resumption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STAGES = [
+    {"name": "sft", "kind": "sft", "agent": "policy", "steps": 6},
+    {"name": "before_grpo", "kind": "evaluate", "split": "test"},
+    {"name": "grpo", "kind": "grpo", "agent": "policy", "steps": 3},
+    {"name": "after_grpo", "kind": "evaluate", "split": "test"},
+]
+
+
+def fit(config: Path, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    return subprocess.run(
+        [sys.executable, "-m", "agentcap.cli", "fit", "--config", str(config), *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env,
+    )
+
+
+def test_fit_runs_the_schedule_and_prints_the_summary_last(tmp_path, toy_movie, make_read_config):
+    config = make_read_config(tmp_path / "run", toy_movie, STAGES)
+    result = fit(config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = result.stdout.strip().splitlines()[-1]
+    assert last == str((tmp_path / "run" / "summary.json").resolve())
+    summary = json.loads(Path(last).read_text())
+    assert set(summary) == {"before_grpo", "after_grpo"}
+    for stage in summary.values():
+        assert {"reward", "accuracy", "format", "length", "coherence"} <= set(stage)
+    # every logged group is there: rewards, losses, rollout statistics
+    metrics = next((tmp_path / "run").rglob("metrics.csv")).read_text().splitlines()[0]
+    for name in ("reward/accuracy", "reward/format", "reward/length", "reward/coherence", "loss/policy/pg_loss",
+                 "loss/policy/kl", "loss/policy/clipfrac", "loss/policy/entropy", "rollout/policy/response_length",
+                 "loss/policy/sft"):
+        assert name in metrics, name
+    samples = (tmp_path / "run" / "samples.jsonl").read_text().splitlines()
+    assert samples and {"prompt", "response", "reward", "advantage"} <= set(json.loads(samples[0]))
+
+
+def test_wandb_offline_logger_works(tmp_path, toy_movie, make_read_config):
+    config = make_read_config(tmp_path / "run", toy_movie, STAGES[:2])
+    result = fit(
+        config,
+        "--trainer.logger=lightning.pytorch.loggers.WandbLogger",
+        f"--trainer.logger.save_dir={tmp_path}",
+        "--trainer.logger.offline=true",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline W&B run was written"
+
+
+def test_killed_run_resumes_at_the_same_stage_and_step(tmp_path, toy_movie, make_read_config):
+    stages = [
+        {"name": "sft", "kind": "sft", "agent": "policy", "steps": 40},
+        {"name": "after", "kind": "evaluate", "split": "test"},
+    ]
+    config = make_read_config(tmp_path / "run", toy_movie, stages)
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentcap.cli", "fit", "--config", str(config), "--checkpoint_every", "4"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )
+    deadline = time.time() + 300
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert ckpt.exists(), "no checkpoint was written before the kill"
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)["agentcap"]
+    assert 0 < saved["tick"] < 41
+    result = fit(config, "--checkpoint_every", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from" in result.stderr
+    final = torch.load(ckpt, map_location="cpu", weights_only=True)["agentcap"]
+    assert final["tick"] == 41
+    # the resumed run did only the remaining steps
+    lines = next((tmp_path / "run").rglob("metrics.csv"), None)
+    assert lines is not None
+    assert "after" in json.loads((tmp_path / "run" / "summary.json").read_text())
+
+
+USER_PACKAGE = '''
+from gymnasium.envs.registration import register
+
+register(id="mytask/Echo-v0", entry_point="mytask.echo:EchoEnv")
+'''
+
+USER_ENV = '''
+"""A throwaway user environment: say 'yes'."""
+from agentcap import CaptionEnv, Score
+
+
+class EchoEnv(CaptionEnv):
+    """Say yes, politely."""
+
+    required_fields = {"id": str}
+
+    def begin(self, episode):
+        return self.observation("policy", [{"role": "user", "content": "say yes please"}])
+
+    def advance(self, episode, action):
+        self.record(episode, "policy", "answer", action)
+        return None
+
+    def demonstrations(self, item):
+        return [(self.begin(None), "yes yes")]
+
+    def score(self, episodes):
+        rewards = [float("yes" in e.actions[-1].text.split()) for e in episodes]
+        return [Score(r, {"said_yes": r}, [r]) for r in rewards]
+'''
+
+
+def test_user_environment_registers_and_trains_by_id(tmp_path):
+    package = tmp_path / "pkg" / "mytask"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(USER_PACKAGE)
+    (package / "echo.py").write_text(USER_ENV)
+    manifest = tmp_path / "items.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"i{i}"}) + "\n" for i in range(4)))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("yes no please say\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "pkg"), "OMP_NUM_THREADS": "1"}
+    listed = subprocess.run([sys.executable, "-m", "agentcap.cli", "envs", "mytask"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert "mytask/Echo-v0" in listed.stdout and "Say yes" in listed.stdout
+    args = [
+        "fit", "--trainer.accelerator=cpu", "--trainer.logger=false", "--trainer.enable_progress_bar=false",
+        f"--model.run_dir={tmp_path / 'run'}", "--model.env.id=mytask:mytask/Echo-v0",
+        f"--model.env.train={{manifest: {manifest}}}", f"--model.env.val={{manifest: {manifest}}}",
+        "--model.agents={policy: {toy: {media: none, hidden_size: 16, num_layers: 1, num_heads: 2, "
+        f"intermediate_size: 32}}, build_tokenizer_from: [{texts}], max_new_tokens: 4, lr: 0.003}}}}",
+        "--model.stages=[{name: sft, kind: sft, agent: policy, steps: 15}, {name: grpo, kind: grpo, agent: policy, "
+        "steps: 2}, {name: after, kind: evaluate, split: val}]",
+        "--model.group_size=2", "--model.rollout_batch_size=4", "--model.sft_batch_size=4",
+    ]
+    result = subprocess.run([sys.executable, "-m", "agentcap.cli", *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["after"]["said_yes"] == 1.0
