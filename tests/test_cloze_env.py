@@ -1,0 +1,326 @@
+"""AudioMap's ClozeCaption environment, driven with hand-written captions on the toy soundscapes.
+
+The rule examiners are exact judges on the toy world's templated captions, so every reward below
+is computed by hand from AudioMap Eq. 3 (ESR: +1 / −0.5 / −1, mean over the cloze bank), Eq. 5
+(ECTR: tIoU per anchor) and Eq. 7 (weighted sum; R(1) has no ECTR term).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+import pytest
+import soundfile
+
+import agentcap  # noqa: F401  (registers the environments)
+from agentcap.data import ManifestError
+from agentcap.judges.examiner import RuleExaminer
+from agentcap.rewards.functional.cloze import answer_scores, curriculum_weights
+from agentcap_envs.cloze_caption import PROMPTS
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV_ID = "agentcap/ClozeCaption-v0"
+RATE = 16_000
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+soundscapes = _tool("make_toy_soundscapes")
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cloze_world")
+    soundscapes.main(["--out", str(out), "--train", "6", "--val", "3", "--test", "3", "--bad-examples"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def rows(world) -> list[dict]:
+    return _read(world / "train.jsonl")
+
+
+@pytest.fixture(scope="module")
+def env(world):
+    return gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), prompt="compact")
+
+
+def _index(rows: list[dict], events: int) -> int:
+    """The first training row with exactly ``events`` events (the seeded world has both kinds)."""
+    found = [i for i, r in enumerate(rows) if len(r["events"]) == events]
+    assert found, f"the toy world has no row with {events} event(s)"
+    return found[0]
+
+
+def _play(env, index: int, caption: str):
+    env.reset(options={"index": index})
+    return env.step(caption)
+
+
+def _wrong(value: str, choices) -> str:
+    """A value of the same attribute that is neither ``value`` nor a phrase containing it."""
+    return next(c for c in choices if c != value and value not in c and c not in value)
+
+
+# --- observation --------------------------------------------------------------------------------
+def test_observation_is_the_waveform_at_16k_mono(env, rows):
+    for index, row in enumerate(rows):
+        obs, info = env.reset(options={"index": index})
+        assert info["index"] == index
+        assert obs["agent"] == "policy"
+        assert obs["messages"] == [{"role": "user", "content": PROMPTS["compact"]}]
+        assert set(obs["media"]) == {"waveform"}
+        wave = obs["media"]["waveform"]
+        assert isinstance(wave, np.ndarray) and wave.dtype == np.float32 and wave.ndim == 1
+        assert len(wave) == round(row["duration"] * RATE)
+        assert np.abs(wave).max() > 0.01  # events are audible, not silence
+        assert env.observation_space.contains(obs)
+
+
+def test_other_rates_and_stereo_become_16k_mono(world, tmp_path):
+    import torch
+    import torchaudio.functional as AF
+
+    valid = _read(world / "bad.jsonl")[-1]
+    assert valid["id"] == "bad-valid"
+    original, rate = soundfile.read(str(world / "audio" / "bad-valid.wav"), dtype="float32")
+    assert rate == RATE
+    resampled = AF.resample(torch.from_numpy(original), RATE, 22_050).numpy()
+    stereo = np.stack([resampled, np.zeros_like(resampled)], axis=1)  # left = signal, right = silence
+    soundfile.write(str(tmp_path / "stereo.wav"), stereo, 22_050, subtype="FLOAT")
+    manifest = _write(tmp_path / "stereo.jsonl", [{**valid, "audio": str(tmp_path / "stereo.wav")}])
+
+    env = gymnasium.make(ENV_ID, manifest=str(manifest), prompt="compact")
+    wave = env.reset(options={"index": 0})[0]["media"]["waveform"]
+    assert wave.dtype == np.float32 and wave.ndim == 1 and len(wave) == 3 * RATE
+    # mono is the channel mean: half the signal, back at 16 kHz
+    assert np.corrcoef(wave, original)[0, 1] > 0.98
+    assert np.abs(wave).max() == pytest.approx(np.abs(original).max() / 2, rel=0.1)
+
+    short = gymnasium.make(ENV_ID, manifest=str(manifest), prompt="compact", max_seconds=1.0)
+    assert len(short.reset(options={"index": 0})[0]["media"]["waveform"]) == RATE
+
+
+def test_flac_and_ogg_load(world):
+    wav = soundfile.read(str(world / "audio" / "bad-valid.wav"), dtype="float32")[0]
+    env = gymnasium.make(ENV_ID, manifest=str(world / "formats.jsonl"), prompt="compact")
+    assert [item["id"] for item in env.unwrapped.items] == ["bad-valid-flac", "bad-valid-ogg"]
+    flac = env.reset(options={"index": 0})[0]["media"]["waveform"]
+    ogg = env.reset(options={"index": 1})[0]["media"]["waveform"]
+    assert len(flac) == len(wav) == 3 * RATE
+    np.testing.assert_array_equal(flac, wav)  # lossless
+    assert abs(len(ogg) - len(wav)) <= 1
+    n = min(len(ogg), len(wav))
+    assert np.corrcoef(ogg[:n], wav[:n])[0, 1] > 0.9  # lossy, but the same clip
+
+
+# --- rewards --------------------------------------------------------------------------------------
+def test_gold_caption_gets_full_marks(env, rows):
+    for index, row in enumerate(rows):
+        obs, reward, terminated, truncated, info = _play(env, index, row["caption"])
+        assert terminated and not truncated
+        assert info["agent"] == "policy" and info["action_kind"] == "caption"
+        assert info["rewards"]["esr"] == 1.0  # every blank answered with the gold option
+        assert info["rewards"]["ectr"] >= 0.99  # the gold times, read back exactly
+        assert info["rewards"]["length"] == 1.0
+        assert reward == pytest.approx(1.0 * 1.0 + 1.0 * info["rewards"]["ectr"] + 0.1 * 1.0)
+        assert info["utilities"] == [reward]
+        assert [a.kind for a in info["episode"].actions] == ["caption"]
+
+
+def test_empty_caption_gets_omission_penalty_and_no_temporal_credit(world, env):
+    obs, reward, terminated, _, info = _play(env, 0, "")
+    assert terminated
+    assert info["rewards"] == {"esr": -0.5, "ectr": 0.0, "length": 0.0}
+    assert reward == -0.5
+    milder = gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), prompt="compact", r_abs=-0.25)
+    assert _play(milder, 0, "")[4]["rewards"]["esr"] == -0.25
+
+
+@pytest.mark.parametrize("events", [1, 3])
+def test_wrong_attribute_costs_r_neg_on_that_question(env, rows, events):
+    index = _index(rows, events)
+    row = rows[index]
+    first = row["events"][0]
+    wrong = _wrong(first["pitch"], soundscapes.PITCHES)
+    old = f"a {first['loudness']} {first['pitch']} {first['type']}"
+    assert row["caption"].count(old) == 1
+    caption = row["caption"].replace(old, f"a {first['loudness']} {wrong} {first['type']}")
+
+    bank = env.unwrapped.items[index]["_questions"]
+    letters = RuleExaminer().answer([caption] * len(bank), bank)
+    per_question = answer_scores(letters, [q.answer for q in bank]).tolist()
+    pitch_of_first = [k for k, q in enumerate(bank) if q.meta == {"event": 0, "subject": first["type"], "attribute": "pitch"}]
+    assert len(pitch_of_first) == 1
+    assert per_question[pitch_of_first[0]] == -1.0  # a conflicting claim: r_neg
+    assert letters[pitch_of_first[0]] == "ABCD"[bank[pitch_of_first[0]].options.index(wrong)]
+    assert sum(s == 1.0 for s in per_question) == len(bank) - 1  # everything else still right
+
+    info = _play(env, index, caption)[4]
+    L = 4 * events
+    assert info["rewards"]["esr"] == pytest.approx(((L - 1) * 1.0 + (-1.0)) / L)  # 1 → 0.5, 3 → 10/12
+    assert info["rewards"]["ectr"] >= 0.99  # times untouched
+    assert info["rewards"]["length"] == 1.0
+
+
+def test_reward_is_the_weighted_sum_R1_then_R2(world, rows):
+    index = _index(rows, 1)
+    row = rows[index]
+    event = row["events"][0]
+    start, end = event["start"], event["end"]
+    middle = f"{(start + end) / 2:.2f}"
+    caption = row["caption"].replace(f"to {end:.1f} s", f"to {middle} s")
+    assert caption != row["caption"]
+    expected_ectr = (float(middle) - start) / (end - start)  # the prediction is the gold's first half
+
+    r1 = curriculum_weights(step=0, switch_step=10, esr=1.0, ectr=0.5, length=0.2)
+    r2 = curriculum_weights(step=10, switch_step=10, esr=1.0, ectr=0.5, length=0.2)
+    assert r1 == {"esr": 1.0, "ectr": 0.0, "length": 0.2} and r2["ectr"] == 0.5
+    results = {}
+    for name, weights in (("R1", r1), ("R2", r2)):
+        env = gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), prompt="compact", weights=weights)
+        _, reward, _, _, info = _play(env, index, caption)
+        results[name] = (reward, info["rewards"])
+    (reward1, parts1), (reward2, parts2) = results["R1"], results["R2"]
+    assert parts1 == parts2  # the same components are computed and logged in both stages
+    assert parts1["esr"] == 1.0 and parts1["length"] == 1.0
+    assert parts1["ectr"] == pytest.approx(expected_ectr, abs=1e-6)
+    assert reward1 == pytest.approx(1.0 * 1.0 + 0.2 * 1.0)
+    assert reward2 == pytest.approx(1.0 * 1.0 + 0.5 * expected_ectr + 0.2 * 1.0)
+
+    only_esr = gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), prompt="compact", weights={"esr": 2.0})
+    assert _play(only_esr, index, caption)[1] == pytest.approx(2.0)  # a weight left out counts 0
+    with pytest.raises(ValueError, match="ecrt"):
+        gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), weights={"esr": 1.0, "ecrt": 1.0})
+
+
+class CountingExaminer:
+    """Forwards to a real examiner and records every batch it is sent."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def answer(self, captions, questions):
+        self.calls.append(list(zip(captions, questions)))
+        return self.inner.answer(captions, questions)
+
+
+def test_batched_score_equals_per_episode_scores(world, rows):
+    env = gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), prompt="compact", defer_scoring=True)
+    counter = env.unwrapped._examiner = CountingExaminer(RuleExaminer())
+    one = _index(rows, 1)
+    plays = [(0, rows[0]["caption"]), (1, ""), (2, rows[2]["short_caption"]), (one, rows[one]["caption"]),
+             (one, rows[one]["caption"]), (3, "A beep at 1 s.")]
+    episodes = []
+    for index, caption in plays:
+        obs, reward, terminated, _, info = _play(env, index, caption)
+        assert terminated and reward == 0.0 and "score" not in info  # scoring deferred to the batch
+        episodes.append(info["episode"])
+    batch = env.unwrapped.score(episodes)
+    assert len(counter.calls) == 1  # one examiner call for the whole batch
+    sent = counter.calls[0]
+    assert len(sent) == len(set(sent))  # the repeated (caption, question) pairs went once
+    banks = {i: len(env.unwrapped.items[i]["_questions"]) for i, _ in plays}
+    assert len(sent) == sum(banks[i] for i, _ in plays) - banks[one]
+    for episode, together in zip(episodes, batch):
+        alone = env.unwrapped.score([episode])[0]
+        assert together.reward == pytest.approx(alone.reward, abs=1e-6)
+        assert together.components == pytest.approx(alone.components, abs=1e-6)
+        assert together.utilities == pytest.approx(alone.utilities, abs=1e-6)
+    assert batch[3].reward == batch[4].reward
+
+
+# --- bad input ------------------------------------------------------------------------------------
+BAD_ROWS = {
+    "bad-missing": ("field 'audio'", "bad-missing.wav", "not found"),
+    "bad-empty": ("field 'audio'", "bad-empty.wav", "empty"),
+    "bad-corrupt": ("field 'audio'", "bad-corrupt.wav", "unreadable"),
+    "bad-gold-e": ("cloze[0]", "field 'answer'", "'E'"),
+    "bad-gold-z": ("cloze[0]", "field 'answer'", "'Z'"),
+}
+
+
+@pytest.mark.parametrize("bad_id", sorted(BAD_ROWS))
+def test_bad_row_raises_naming_file_line_field_value(world, bad_id):
+    bad = {r["id"]: r for r in _read(world / "bad.jsonl")}
+    manifest = _write(world / f"one-{bad_id}.jsonl", [bad["bad-valid"], bad[bad_id]])  # bad row on line 2
+    with pytest.raises(ManifestError) as caught:
+        gymnasium.make(ENV_ID, manifest=str(manifest), on_error="raise")
+    message = str(caught.value)
+    assert f"{manifest}:2" in message
+    for fragment in BAD_ROWS[bad_id]:
+        assert fragment in message, (fragment, message)
+
+
+def test_bad_anchors_are_refused_at_load(world, rows):
+    cases = [([], "field 'anchors' is empty"),
+             ([{"event": "a beep", "start": "soon", "end": 1.0}], "anchors[0]: field 'start'"),
+             ([{"event": "a beep", "start": 2.0, "end": 1.0}], "anchors[0]: fields 'start'/'end'"),
+             (["a beep at 1 s"], "anchors[0]")]
+    for anchors, fragment in cases:
+        manifest = _write(world / "bad-anchors.jsonl", [{**rows[0], "anchors": anchors}])
+        with pytest.raises(ManifestError, match=fragment.replace("[", r"\[").replace("]", r"\]")) as caught:
+            gymnasium.make(ENV_ID, manifest=str(manifest))
+        assert f"{manifest}:1" in str(caught.value)
+
+
+def test_skip_drops_and_counts_bad_rows(world, rows):
+    bad = _read(world / "bad.jsonl")
+    manifest = _write(world / "mixed.jsonl", rows + bad)
+    env = gymnasium.make(ENV_ID, manifest=str(manifest), prompt="compact", on_error="skip", max_skip_fraction=0.5)
+    kept = [item["id"] for item in env.unwrapped.items]
+    assert kept == [r["id"] for r in rows] + ["bad-valid"]
+    report = env.unwrapped.skipped
+    assert report.total == len(rows) + len(bad) == 12
+    assert len(report.skipped) == 5 and report.fraction == pytest.approx(5 / 12)
+    for line, bad_id in enumerate(r["id"] for r in bad if r["broken"]):
+        assert f"{manifest}:{len(rows) + line + 1}" in report.skipped[line]
+    assert "bad-missing.wav" in report.skipped[0] and "'Z'" in report.skipped[4]
+    obs, _ = env.reset(options={"index": len(kept) - 1})
+    assert len(obs["media"]["waveform"]) == 3 * RATE  # what was kept still plays
+
+    with pytest.raises(ManifestError, match="max_skip_fraction=0.1"):
+        gymnasium.make(ENV_ID, manifest=str(manifest), on_error="skip")
+
+
+# --- supervised warm start and inference ------------------------------------------------------------
+def test_demonstrations_are_the_gold_caption(env, rows):
+    item = env.unwrapped.items[0]
+    demos = env.unwrapped.demonstrations(item)
+    assert len(demos) == 1
+    obs, target = demos[0]
+    assert target == rows[0]["caption"]
+    reset_obs = env.reset(options={"index": 0})[0]
+    assert obs["agent"] == reset_obs["agent"] == "policy"
+    assert obs["messages"] == reset_obs["messages"]
+    np.testing.assert_array_equal(obs["media"]["waveform"], reset_obs["media"]["waveform"])
+
+
+def test_unlabelled_audio_is_captioned_without_a_score(world, env):
+    item = env.unwrapped.item_from_audio(str(world / "audio" / "train-0001.wav"))
+    env.reset(options={"item": item})
+    obs, reward, terminated, _, info = env.step("A beep at 1 s.")
+    assert terminated and math.isnan(reward)
+    assert info["utilities"] == [None] and info["rewards"] == {}
+    assert info["score"].extras == {"unlabelled": 1.0}

