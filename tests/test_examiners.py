@@ -291,7 +291,6 @@ def test_real_instruct_model_answers_follow_the_caption(smollm2):
     smollm2.readout = "options"
     esr = {name: evidence_sufficiency(caps, [[x] for x in questions], smollm2).mean().item()
            for name, caps in (("stating", stating), ("empty", [""] * len(FACTS)), ("unrelated", unrelated))}
-    print(esr)
     assert esr["stating"] > esr["empty"], esr
     assert esr["stating"] > esr["unrelated"], esr
 
