@@ -205,16 +205,21 @@ class ClozeCaptionEnv(CaptionEnv):
 
 
 def question_bank(item: Mapping[str, Any], field: str = "cloze") -> list:
-    """The item's parsed question bank: built on load from a manifest, built here (and kept) for
-    items handed over directly (``items=``); empty for an unlabelled item."""
+    """The item's parsed question bank (``field``: ``cloze`` here, ``mcq`` for ACE-Cap): parsed on
+    load from a manifest (``_questions``), parsed here from ``item[field]`` (and kept under a key
+    of that field) for items handed over directly (``items=``); empty for an unlabelled item."""
     from agentcap.judges.examiner import Question
 
     questions = item.get("_questions")
     if questions is None:
-        where = str(item.get("_where") or item.get("id", "item"))
-        questions = [Question.from_row(q, f"{where}: {field}[{j}]") for j, q in enumerate(item.get(field) or [])]
-        if isinstance(item, dict):
-            item["_questions"] = questions
+        cache = f"_questions:{field}"
+        questions = item.get(cache)
+        if questions is None:
+            where = str(item.get("_where") or item.get("id", "item"))
+            rows = item.get(field) or []
+            questions = [Question.from_row(q, f"{where}: {field}[{j}]") for j, q in enumerate(rows)]
+            if isinstance(item, dict):
+                item[cache] = questions
     return list(questions)
 
 

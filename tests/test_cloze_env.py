@@ -324,3 +324,12 @@ def test_unlabelled_audio_is_captioned_without_a_score(world, env):
     assert terminated and math.isnan(reward)
     assert info["utilities"] == [None] and info["rewards"] == {}
     assert info["score"].extras == {"unlabelled": 1.0}
+
+
+def test_items_handed_over_directly_are_scored_like_manifest_rows(world, rows):
+    items = [{**row, "audio": str(world / row["audio"])} for row in rows[:2]]  # no manifest: absolute paths
+    env = gymnasium.make(ENV_ID, items=items, prompt="compact")
+    for index, row in enumerate(rows[:2]):
+        _, reward, terminated, _, info = _play(env, index, row["caption"])
+        assert terminated and info["rewards"]["esr"] == 1.0 and info["rewards"]["length"] == 1.0
+    assert _play(env, 0, "")[4]["rewards"]["esr"] == -0.5

@@ -209,7 +209,8 @@ def test_metrics_accumulate_the_mean_of_all_samples():
     esr.update(["c1"], [[q("p1")]])  # +1
     esr.update(["c2", "c3"], [[q("p1")], [q("p1")]])  # -0.5, -1
     assert esr.compute().item() == pytest.approx(-0.5 / 3)
-    assert math.isnan(EvidenceSufficiency(examiner).compute().item())
+    with pytest.warns(UserWarning, match="before the ``update``"):
+        assert math.isnan(EvidenceSufficiency(examiner).compute().item())
 
     ectr = EventTemporalAlignment(RuleTemporalExaminer(0.5))
     ectr.update(["A beep from 1 to 3 s."], [[{"event": "beep", "start": 2, "end": 4}]])  # 1/3

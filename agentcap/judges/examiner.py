@@ -4,9 +4,11 @@ The evidence rewards (AudioMap ESR, Eq. 2–3; ACE-Cap G2P, Eq. 2–3) need one 
 (caption, question) pair. Every examiner is pairwise: caption i answers question i, so a reward
 can flatten a whole batch of banks into one call.
 
-- :class:`LLMExaminer` — any HF causal LM. It reads the next-token logits at the answer position
-  restricted to the five letter ids, in one forward pass per batch: no free generation, hence no
-  parsing failures, and the cost is one prompt encoding per question.
+- :class:`LLMExaminer` — any HF causal LM. By default it reads the next-token logits at the
+  answer position restricted to the five letter ids, in one forward pass per batch: no free
+  generation, hence no parsing failures, and the cost is one prompt encoding per question. Models
+  too small to bind option text to its letter (135M-class) can use ``readout="options"`` instead,
+  which scores each option's text in the passage — still forward passes only.
 - :class:`RuleExaminer` — deterministic string matching, for the offline toy worlds ONLY (their
   captions are templated, so matching attribute words is an exact judge there). It is not a
   substitute for an LLM judge on real captions.
@@ -139,12 +141,12 @@ def _check_pairs(captions: Sequence[str], others: Sequence[Any], what: str) -> N
 
 
 # --- the deterministic toy-world examiner --------------------------------------------------------
-_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\s*;\s*|\n+")
 
 
 def sentences(text: str) -> list[str]:
-    """Sentences of a caption (decimal points such as "0.5 s" do not end one)."""
-    return [s for s in _SENTENCE_END.split(text) if s.strip()]
+    """Sentences (and ";"-separated parts) of a caption; a decimal point ("0.5 s") ends none."""
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
 
 
 def _word_pattern(phrase: str, plural: bool = False) -> re.Pattern[str]:
@@ -235,6 +237,7 @@ def _save_dense_copy(model, tokenizer, target: Path) -> None:
         del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)

@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from agentcap.judges.examiner import CausalLMJudge, _check_pairs, _unique, load_causal_lm
+from agentcap.judges.examiner import CausalLMJudge, _check_pairs, _unique, load_causal_lm, sentences
 
 Interval = tuple[float, float]
 
@@ -83,7 +83,6 @@ def _timestamps(text: str, bare_numbers: bool = False) -> list[tuple[int, int, f
     return sorted(found)
 
 
-_SENTENCE = re.compile(r"(?<=[.!?])\s+|\s*;\s*|\n+")
 _CLAUSE_BREAK = re.compile(r"\s*,\s*(?:and|while|but|then)?\s*|\s+(?:and|while|whereas|but|then)\s+", re.I)
 
 
@@ -98,10 +97,7 @@ def _clauses(text: str, bare_numbers: bool = False) -> list[tuple[str, Interval 
     which no event can match.
     """
     out: list[tuple[str, Interval | None]] = []
-    for sentence in _SENTENCE.split(text):
-        sentence = sentence.strip()
-        if not sentence:
-            continue
+    for sentence in sentences(text):
         stamps = _timestamps(sentence, bare_numbers)
         if len(stamps) <= 1:
             out.append((sentence, (stamps[0][2], stamps[0][3]) if stamps else None))
