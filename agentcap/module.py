@@ -488,6 +488,13 @@ class GRPOModule(L.LightningModule):
                 components[k].append(v)
         for k, values in components.items():
             self.log(f"reward/{k}", float(np.mean(values)), sync_dist=self.world[1] > 1, prog_bar=k == "total")
+        extras: dict[str, list[float]] = defaultdict(list)
+        for score in batch.scores:
+            for k, v in score.extras.items():
+                if isinstance(v, (int, float)):
+                    extras[k].append(float(v))
+        for k, values in extras.items():  # e.g. questions per episode, forced-finalisation rate
+            self.log(f"episode/{k}", float(np.nanmean(values)))
         for k, v in stats.items():
             self.log(f"loss/{name}/{k}", v)
         if spans:
