@@ -132,6 +132,16 @@ def load_audio(path: str, sample_rate: int, where: str = "", max_seconds: float 
     return mono.numpy().astype(np.float32)
 
 
+def check_audio(row: dict[str, Any], field: str, where: str) -> float:
+    """Refuse a row whose audio is missing, empty or unreadable at load time; returns its duration."""
+    path = resolve(row[field], row.get("_manifest"))
+    if not os.path.isfile(path):
+        raise ManifestError(f"{where}: field {field!r}: file {path!r} not found")
+    if os.path.getsize(path) == 0:
+        raise ManifestError(f"{where}: field {field!r}: file {path!r} is empty")
+    return audio_duration(path, f"{where}: field {field!r}")
+
+
 def audio_duration(path: str, where: str = "") -> float:
     import soundfile
 

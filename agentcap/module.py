@@ -313,12 +313,9 @@ class GRPOModule(L.LightningModule):
         agent = self.agents[stage.agent]
         items = self.item_indices(stage, step, self.rollout_batch_size // self.group_size)
         rank, _ = self.world
-        batch = self.driver("train", stage).run(
-            items,
-            self.group_size,
-            seed=self.seed * 1_000_003 + self.tick * 10_007 + rank * 101,
-            sample_agents={agent.name},
-        )
+        seed = self.seed * 1_000_003 + self.tick * 10_007 + rank * 101
+        torch.manual_seed(seed)  # sampling repeats exactly, also after a resume
+        batch = self.driver("train", stage).run(items, self.group_size, seed=seed, sample_agents={agent.name})
         spans = batch.spans_of(agent.name)
         # advantages: group-normalised utilities per (group, kind) — READ Eq. 1 / LOOP Eq. 17
         advantages = normalize_by_type(
@@ -437,7 +434,8 @@ class GRPOModule(L.LightningModule):
     # --- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, stage: Stage) -> dict[str, float]:
-        """Greedy rollouts on a held-out split; every reward component averaged over all ranks."""
+        """Rollouts on a held-out split (greedy unless the stage says otherwise); every reward
+        component averaged over all ranks."""
         driver = self.driver(stage.split, stage)
         n = len(driver.scorer.unwrapped.items)
         indices = list(range(n if self.eval_limit is None else min(n, self.eval_limit)))
@@ -445,8 +443,9 @@ class GRPOModule(L.LightningModule):
         mine = indices[rank::world]
         metrics: dict[str, MeanMetric] = {}
         chunk = max(1, self.generation_batch_size)
+        torch.manual_seed(self.seed + rank)
         for start in range(0, len(mine), chunk):
-            batch = driver.run(mine[start : start + chunk], group_size=1, greedy=True)
+            batch = driver.run(mine[start : start + chunk], group_size=1, greedy=stage.greedy)
             for score in batch.scores:
                 values = {"reward": score.reward, **score.components}
                 values.update({k: v for k, v in score.extras.items() if isinstance(v, (int, float))})

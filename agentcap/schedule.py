@@ -26,6 +26,8 @@ class Stage:
         agent: the role that trains in this stage (none for ``evaluate``).
         steps: optimiser steps (one rollout batch each for ``grpo``); ``evaluate`` takes one tick.
         split: the split an ``evaluate`` stage reads.
+        greedy: an ``evaluate`` stage decodes greedily (default) or samples at the agents'
+            temperatures with a seeded generator (the policy GRPO optimises).
         env: keyword overrides for the environment in this stage (reward weights, modes…).
         lr: learning rate; defaults to the agent's.
         harvest: environment overrides of a harvest rollout run when the stage begins (all agents
@@ -41,6 +43,7 @@ class Stage:
     agent: str | None = None
     steps: int = 1
     split: Literal["train", "val", "test"] = "val"
+    greedy: bool = True
     env: dict[str, Any] = field(default_factory=dict)
     lr: float | None = None
     max_duration: float | None = None

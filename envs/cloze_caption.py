@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from agentcap.data import ManifestError, audio_duration, load_audio, resolve
+from agentcap.data import ManifestError, check_audio, load_audio, resolve
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score
 
@@ -120,13 +120,7 @@ class ClozeCaptionEnv(CaptionEnv):
     def check_item(self, row: dict[str, Any], where: str) -> None:
         from agentcap.judges.examiner import Question
 
-        path = resolve(row["audio"], row.get("_manifest"))
-        if not os.path.isfile(path):
-            raise ManifestError(f"{where}: field 'audio': file {path!r} not found")
-        if os.path.getsize(path) == 0:
-            raise ManifestError(f"{where}: field 'audio': file {path!r} is empty")
-        duration = audio_duration(path, f"{where}: field 'audio'")  # a corrupt file fails here, at load
-        row.setdefault("duration", duration)
+        row.setdefault("duration", check_audio(row, "audio", where))  # a corrupt file fails here, at load
         if not row["caption"].strip():
             raise ManifestError(f"{where}: field 'caption' (the gold caption) is empty")
         if not row["cloze"]:

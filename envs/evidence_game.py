@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from agentcap.algorithms.loop import LoopConfig, composer_utilities, evidence_states, serialize_evidence
-from agentcap.data import ManifestError, audio_duration, load_audio, resolve
+from agentcap.data import ManifestError, check_audio, load_audio, resolve
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score
 from agentcap_envs.cloze_caption import question_bank
@@ -142,13 +142,7 @@ class EvidenceGameEnv(CaptionEnv):
     def check_item(self, row: dict[str, Any], where: str) -> None:
         from agentcap.judges.examiner import Question
 
-        path = resolve(row["audio"], row.get("_manifest"))
-        if not os.path.isfile(path):
-            raise ManifestError(f"{where}: field 'audio': file {path!r} not found")
-        if os.path.getsize(path) == 0:
-            raise ManifestError(f"{where}: field 'audio': file {path!r} is empty")
-        duration = audio_duration(path, f"{where}: field 'audio'")  # a corrupt file fails here, at load
-        row.setdefault("duration", duration)
+        row.setdefault("duration", check_audio(row, "audio", where))  # a corrupt file fails here, at load
         if not row["mcq"]:
             raise ManifestError(f"{where}: field 'mcq' (the gold MCQ bank) is empty")
         row["_questions"] = [Question.from_row(q, f"{where}: mcq[{j}]") for j, q in enumerate(row["mcq"])]

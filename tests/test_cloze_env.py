@@ -7,15 +7,14 @@ is computed by hand from AudioMap Eq. 3 (ESR: +1 / −0.5 / −1, mean over the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import gymnasium
 import numpy as np
 import pytest
+from conftest import load_tool
 import soundfile
 
 import agentcap  # noqa: F401  (registers the environments)
@@ -29,15 +28,7 @@ ENV_ID = "agentcap/ClozeCaption-v0"
 RATE = 16_000
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-soundscapes = _tool("make_toy_soundscapes")
+soundscapes = load_tool("make_toy_soundscapes")
 
 
 def _read(path: Path) -> list[dict]:

@@ -8,16 +8,15 @@ names the subject, questions included.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import gymnasium
 import numpy as np
 import pytest
+from conftest import load_tool
 
 import agentcap  # noqa: F401  (registers the environments)
 from agentcap.algorithms.loop import serialize_evidence
@@ -31,15 +30,7 @@ RATE = 16_000
 COMPACT = PROMPTS["compact"]
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-soundscapes = _tool("make_toy_soundscapes")
+soundscapes = load_tool("make_toy_soundscapes")
 
 
 def _read(path: Path) -> list[dict]:

@@ -295,15 +295,20 @@ class CausalLMJudge:
         """Greedy continuations (new text only), batched."""
         ids = self.encode(prompts)
         out: list[str] = [""] * len(prompts)
-        eos = self.tokenizer.eos_token_id
+        # stop at the model's end of turn and at the tokenizer's EOS; they can differ (SmolLM2's GGUF
+        # tokenizer calls <|im_start|> its EOS while the model ends turns with <|im_end|>)
+        stops = self.model.generation_config.eos_token_id
+        stops = [stops] if isinstance(stops, int) else list(stops or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in stops:
+            stops.append(self.tokenizer.eos_token_id)
         for group in self.batches(ids):
             batch = self.batch_tensors([ids[i] for i in group])
             new = self.model.generate(
                 **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.pad_id,
-                eos_token_id=eos,
+                eos_token_id=stops or None,
             )[:, batch["input_ids"].shape[1] :]
             for row, i in enumerate(group):
-                out[i] = self.tokenizer.decode(new[row], skip_special_tokens=True)
+                out[i] = self.tokenizer.decode(new[row], skip_special_tokens=True, clean_up_tokenization_spaces=False)
         return out
 
 
