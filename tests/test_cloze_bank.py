@@ -27,7 +27,8 @@ def _load_tool(name: str):
 bank_tool = _load_tool("build_cloze_bank")
 validate = bank_tool.validate_cloze_item
 
-CAPTION = "From 0.5 s to 1.8 s, a loud very high beep sounds three times. From 2.1 s to 4.0 s, a soft low hiss sounds once."
+CAPTION = ("From 0.5 s to 1.8 s, a loud very high beep sounds three times. "
+           "From 2.1 s to 4.0 s, a soft low hiss sounds once.")
 GOOD = {"passage": "From 0.5 s to 1.8 s, a loud ___ beep sounds three times.",
         "options": ["low", "very high", "mid", "high", "Not given"], "answer": "B"}
 
@@ -107,7 +108,8 @@ def test_rule_mode_builds_answerable_items_deterministically(tmp_path):
 def test_rule_mode_custom_vocabulary_and_its_checks(tmp_path):
     source = _write_jsonl(tmp_path / "in.jsonl", [{"audio": "a.wav", "caption": "A dog barks twice."}])
     vocab = tmp_path / "vocab.json"
-    vocab.write_text(json.dumps({"animal": ["dog", "cat", "cow", "goat"], "count": ["once", "twice", "thrice", "often"]}))
+    vocab.write_text(json.dumps({"animal": ["dog", "cat", "cow", "goat"],
+                                 "count": ["once", "twice", "thrice", "often"]}))
     out, bad = tmp_path / "bank.jsonl", tmp_path / "rejected.jsonl"
     bank_tool.main(["--input", str(source), "--rule", "--vocab", str(vocab), "--subject-class", "animal",
                     "--out", str(out), "--rejected", str(bad)])

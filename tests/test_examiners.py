@@ -299,3 +299,16 @@ def test_real_instruct_model_answers_follow_the_caption(smollm2):
     letters = smollm2.answer(stating[:2], questions[:2])
     assert [smollm2.tokenizer.decode([i]) for i in smollm2.letter_ids] == ["A", "B", "C", "D", "E"]
     assert len(letters) == 2 and all(letter in "ABCDE" for letter in letters)
+
+
+def test_bench_examiner_runs_on_a_tiny_model(tiny, tmp_path, capsys):
+    model, tokenizer = tiny
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    spec = importlib.util.spec_from_file_location("bench_examiner", Path(__file__).parents[1] / "tools" / "bench_examiner.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--model", str(tmp_path / "tiny"), "--questions", "6", "--gen-tokens", "2", "--rouge-pairs", "20"])
+    out = capsys.readouterr().out
+    assert "letter logits, 1 pass per batch" in out and "free generation (2 new tokens)" in out
+    assert "scores identical: True" in out

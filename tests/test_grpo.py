@@ -131,3 +131,16 @@ def test_old_logprobs_equal_the_training_forward(two_agents):
         alone = policy.generate([single], greedy=True)[0]
         assert alone.text == gen.text
         torch.testing.assert_close(alone.old_logprobs, gen.old_logprobs, atol=1e-5, rtol=1e-4)
+
+
+def test_toy_audio_encoder_is_batch_invariant():
+    """A clip's prefix must not depend on the other clips of its batch, or PPO ratios drift from 1."""
+    from agentcap.agents.toy import ToyConfig, ToyMediaLM
+
+    torch.manual_seed(0)
+    model = ToyMediaLM(ToyConfig(vocab_size=20, media="audio", hidden_size=16, num_heads=2))
+    rng = np.random.default_rng(0)
+    clips = [{"waveform": rng.standard_normal(16000 * s).astype(np.float32)} for s in (3, 5, 1)]
+    together = model.encode_media(clips)
+    for clip, batched in zip(clips, together):
+        torch.testing.assert_close(model.encode_media([clip])[0], batched, atol=1e-5, rtol=1e-4)

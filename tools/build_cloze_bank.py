@@ -99,7 +99,9 @@ def _rng(*parts: Any) -> random.Random:
 def check_vocab(vocab: Mapping[str, Sequence[str]], subject_class: str | None) -> None:
     for name, values in vocab.items():
         if len(set(values)) < 4:
-            raise ValueError(f"vocabulary class {name!r} needs >= 4 distinct values (gold + 3 distractors), got {list(values)}")
+            raise ValueError(
+                f"vocabulary class {name!r} needs >= 4 distinct values (gold + 3 distractors), got {list(values)}"
+            )
     if subject_class is not None and subject_class not in vocab:
         raise ValueError(f"--subject-class {subject_class!r} is not a vocabulary class (have {sorted(vocab)})")
 

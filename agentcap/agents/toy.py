@@ -82,23 +82,24 @@ class ToyMediaLM(nn.Module):
 
     # --- media ----------------------------------------------------------------------------------
     def encode_media(self, media: list[dict]) -> list[torch.Tensor]:
-        """One [P_i, H] prefix per row; P_i is 0 for a text-only model."""
+        """One [P_i, H] prefix per row (P_i = 0 for a text-only model), encoded in one batch."""
         device = self.lm.get_input_embeddings().weight.device
         if self.config.media == "none":
             return [torch.zeros(0, self.config.hidden_size, device=device) for _ in media]
-        out = []
-        for item in media:
-            if self.config.media == "features":
-                x = torch.as_tensor(item["features"], dtype=torch.float32, device=device)  # [frames, D]
-                out.append(self.encoder(x))
-            else:
-                wave = torch.as_tensor(item["waveform"], dtype=torch.float32, device=device)  # [S]
-                mel = torch.log(self.mel(wave) + 1e-5)  # [n_mels, frames]
-                z = self.encoder(mel.unsqueeze(0)).squeeze(0).transpose(0, 1)  # [P, H]
-                z = z[: self.frame_position.num_embeddings]
-                pos = torch.arange(z.shape[0], device=device)
-                out.append(z + self.frame_position(pos))
-        return out
+        if self.config.media == "features":
+            feats = [torch.as_tensor(m["features"], dtype=torch.float32) for m in media]  # [frames_i, D]
+            lengths = [f.shape[0] for f in feats]
+            z = self.encoder(nn.utils.rnn.pad_sequence(feats, batch_first=True).to(device))  # [B, F, H]
+            return [z[i, :n] for i, n in enumerate(lengths)]
+        # the mel front end runs per clip (its edge padding must not see a neighbour's zeros); the
+        # encoder runs on the zero-padded batch, which equals per-clip zero padding of its convolutions
+        mels = [torch.log(self.mel(torch.as_tensor(m["waveform"], dtype=torch.float32, device=device)) + 1e-5).T
+                for m in media]  # [frames_i, n_mels]
+        stride = self.encoder[2].stride[0]
+        batch = nn.utils.rnn.pad_sequence(mels, batch_first=True).transpose(1, 2)  # [B, n_mels, frames]
+        z = self.encoder(batch).transpose(1, 2)[:, : self.frame_position.num_embeddings]  # [B, P, H]
+        z = z + self.frame_position(torch.arange(z.shape[1], device=device))
+        return [z[i, : max(1, min(z.shape[1], m.shape[0] // stride))] for i, m in enumerate(mels)]
 
     def _layout(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: list[dict]):
         """``[pad][media][tokens]`` embeddings, mask and position ids.

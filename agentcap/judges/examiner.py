@@ -307,8 +307,9 @@ class CausalLMJudge:
                 **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.pad_id,
                 eos_token_id=stops or None,
             )[:, batch["input_ids"].shape[1] :]
+            texts = self.tokenizer.batch_decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
             for row, i in enumerate(group):
-                out[i] = self.tokenizer.decode(new[row], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                out[i] = texts[row]
         return out
 
 

@@ -44,11 +44,13 @@ _DASH = r"(?:-|–|—|~|to|until|till|through)"
 # Ranges before points, so "from 1 to 2 s" is one range, not two points.
 _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("range", re.compile(rf"[\[(]\s*({_TIME})\s*{_UNIT}?\s*{_DASH}\s*({_TIME})\s*{_UNIT}?\s*[\])]", re.I)),
-    ("range", re.compile(rf"\b(?:from|between)\s+({_TIME})\s*{_UNIT}?\s*(?:{_DASH}|and)\s+({_TIME})(?:\s*{_UNIT})?", re.I)),
+    ("range", re.compile(
+        rf"\b(?:from|between)\s+({_TIME})\s*{_UNIT}?\s*(?:{_DASH}|and)\s+({_TIME})(?:\s*{_UNIT})?", re.I)),
     ("range", re.compile(rf"(?<![\w.:])({_CLOCK})\s*{_DASH}\s*({_CLOCK})(?![\w:])", re.I)),
     ("range", re.compile(rf"(?<![\w.:])({_NUM})\s*{_UNIT}?\s*{_DASH}\s*({_NUM})\s*{_UNIT}", re.I)),
     ("point", re.compile(rf"[\[(]\s*({_TIME})\s*{_UNIT}?\s*[\])]", re.I)),
-    ("point", re.compile(rf"\b(?:at|around|about|near|by|after|before)\s+~?\s*({_TIME})(?:\s*{_UNIT})?(?![\w:])", re.I)),
+    ("point", re.compile(
+        rf"\b(?:at|around|about|near|by|after|before)\s+~?\s*({_TIME})(?:\s*{_UNIT})?(?![\w:])", re.I)),
     ("point", re.compile(rf"(?<![\w.:])({_CLOCK})(?![\w:])", re.I)),
     # a bare "3.2 s" is a time unless it is a duration ("for 2 s", "lasting 2 s")
     ("point", re.compile(rf"(?<!for )(?<!lasting )(?<!lasts )(?<![\w.:])({_NUM})\s*{_UNIT}", re.I)),
