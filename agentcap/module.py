@@ -180,6 +180,32 @@ class GRPOModule(L.LightningModule):
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_Ticks(self), batch_size=None)
 
+    # `agentcap validate / test` evaluate a split once; `agentcap predict` captions the test split.
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader([0], batch_size=None)
+
+    test_dataloader = predict_dataloader = val_dataloader
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.evaluate(Stage(name="validate", kind="evaluate", split="val"))
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.evaluate(Stage(name="test", kind="evaluate", split="test"))
+
+    @torch.no_grad()
+    def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
+        """Captions of the test split (READ: recurrent), also written to ``<run_dir>/predictions.jsonl``."""
+        stage = Stage(name="predict", kind="evaluate", split="test")
+        driver = self.driver("test", stage)
+        env = driver.scorer.unwrapped
+        rank, world = self.world
+        results = env.caption(driver, env.items if world == 1 else env.items[rank::world])
+        os.makedirs(self.run_dir, exist_ok=True)
+        with open(os.path.join(self.run_dir, f"predictions{'' if world == 1 else f'.rank{rank}'}.jsonl"), "w") as out:
+            for row in results:
+                out.write(json.dumps(row) + "\n")
+        return results
+
     @property
     def world(self) -> tuple[int, int]:
         if dist.is_available() and dist.is_initialized():
@@ -462,16 +488,21 @@ class GRPOModule(L.LightningModule):
             result[k] = float(metric.compute()) if metric.update_called or world > 1 else float("nan")
         self.summary[stage.name] = result
         for k, v in result.items():
-            self.log(f"eval/{stage.name}/{k}", v, rank_zero_only=True)
+            self.log(f"eval/{stage.name}/{k}", v, rank_zero_only=True, batch_size=1)
         if rank == 0:
             self.write_summary()
         return result
 
     def write_summary(self) -> str:
+        """``<run_dir>/summary.json``; `validate` / `test` add their entry to a training run's file."""
         os.makedirs(self.run_dir, exist_ok=True)
         path = os.path.join(self.run_dir, "summary.json")
+        summary = dict(self.summary)
+        if self._trainer is not None and self.trainer.state.fn in ("validate", "test") and os.path.isfile(path):
+            with open(path) as handle:
+                summary = {**json.load(handle), **summary}
         with open(path + ".tmp", "w") as handle:
-            json.dump(self.summary, handle, indent=2, sort_keys=True)
+            json.dump(summary, handle, indent=2, sort_keys=True)
         os.replace(path + ".tmp", path)
         return path
 

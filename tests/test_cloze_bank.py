@@ -135,6 +135,8 @@ def test_items_from_llm_text():
     cut = 'Items: {"passage": "p1 ___"} and {"passage": "p2 ___", "options": ['  # a truncated reply
     assert bank_tool.items_from_text(cut) == [{"passage": "p1 ___"}]
     assert bank_tool.items_from_text("no json here") == []
+    echoed = 'Caption... {"passage": "a ___", "options": ["two", "three", "five", "six", "Not given"], "ans'
+    assert bank_tool.items_from_text(echoed) == []  # the echoed options list is not a list of items
 
 
 def test_llm_mode_with_a_tiny_model_files_its_output(tmp_path):

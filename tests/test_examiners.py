@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from agentcap.agents.tokenizer import build_word_tokenizer
 from agentcap.data import ManifestError
@@ -159,12 +159,21 @@ def _pairs():
     return [c for c in CAPTIONS for _ in QUESTIONS], [x for _ in CAPTIONS for x in QUESTIONS]
 
 
-@pytest.mark.parametrize("chat", [True, False])
-def test_llm_examiner_batched_equals_one_by_one(tiny, chat):
+def _gpt2(tokenizer):
+    """Absolute position embeddings: left padding is only harmless with explicit position ids."""
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=512, vocab_size=len(tokenizer))
+    return GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("arch, chat", [("llama", True), ("llama", False), ("gpt2", True)])
+def test_llm_examiner_batched_equals_one_by_one(tiny, arch, chat):
     model, tokenizer = tiny
     if not chat:
         tokenizer = copy.deepcopy(tokenizer)
         tokenizer.chat_template = None  # plain prompt ending in "Answer:", letters read as " A"
+    if arch == "gpt2":
+        model = _gpt2(tokenizer)
     examiner = LLMExaminer(model, tokenizer, batch_size=5)
     captions, questions = _pairs()
     batched = examiner.letter_logits(captions, questions)
@@ -178,7 +187,7 @@ def test_llm_examiner_batched_equals_one_by_one(tiny, chat):
 
 def test_llm_examiner_dedupes_and_runs_one_pass_per_batch(tiny):
     model, tokenizer = tiny
-    examiner = LLMExaminer(model, tokenizer, batch_size=3)
+    examiner = LLMExaminer(model, tokenizer, batch_size=2)
     rows = []
     original = model.forward
 
@@ -193,20 +202,21 @@ def test_llm_examiner_dedupes_and_runs_one_pass_per_batch(tiny):
         letters = examiner.answer(captions, questions)
     finally:
         del model.forward
-    assert rows == [3]  # 3 distinct pairs of 5, one batch of 3, one forward pass
+    assert rows == [2, 1]  # 3 distinct pairs of 5, batches of at most 2, one forward pass each
     assert letters[0] == letters[1] and letters[2] == letters[4]
     assert all(letter in "ABCDE" for letter in letters)
 
 
-def test_llm_examiner_option_readout(tiny):
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_llm_examiner_option_readout(tiny, arch):
     model, tokenizer = tiny
+    model = _gpt2(tokenizer) if arch == "gpt2" else model
     examiner = LLMExaminer(model, tokenizer, batch_size=4, readout="options", margin=0.0)
     captions, questions = _pairs()
     batched = examiner.option_gains(captions, questions)
     single = torch.cat([examiner.option_gains([c], [x]) for c, x in zip(captions, questions)])
     torch.testing.assert_close(batched, single, atol=1e-4, rtol=1e-4)
-    # an empty caption adds nothing over the empty-caption reference: gain exactly 0 → E (≥ margin fails
-    # only when the margin is positive)
+    # an empty caption is the reference itself: every gain is exactly 0, so any positive margin gives E
     empty = examiner.option_gains([""] * 4, QUESTIONS)
     assert torch.equal(empty, torch.zeros(4, 4))
     examiner.margin = 1e-6

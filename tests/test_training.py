@@ -154,3 +154,16 @@ def test_user_environment_registers_and_trains_by_id(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["after"]["said_yes"] == 1.0
+
+
+def test_validate_test_and_predict_subcommands(tmp_path, toy_movie, make_read_config):
+    config = make_read_config(tmp_path / "run", toy_movie, STAGES[:1])
+    for command in ("validate", "test", "predict"):
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        result = subprocess.run([sys.executable, "-m", "agentcap.cli", command, "--config", str(config)],
+                                cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert {"validate", "test"} <= set(summary) and "accuracy" in summary["test"]
+    rows = (tmp_path / "run" / "predictions.jsonl").read_text().splitlines()
+    assert len(rows) == len((toy_movie / "test.jsonl").read_text().splitlines())

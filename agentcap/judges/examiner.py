@@ -207,7 +207,9 @@ def load_causal_lm(
     refuses to ``save_pretrained`` a model loaded through its GGUF quantizer even when every weight
     is already dense. With ``cache_dir``, the dense model is saved there once (written to a
     temporary folder, then renamed, so concurrent first loads do not collide) and later loads read
-    that copy in well under a second. ``trust_remote_code`` stays off.
+    that copy in well under a second; a ``cache_dir`` belongs to one GGUF file (it is not checked
+    against the source). Without ``gguf_file`` the folder is read as is. ``trust_remote_code``
+    stays off.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
