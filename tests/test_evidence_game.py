@@ -463,3 +463,15 @@ def test_rollout_driver_plays_and_scores_through_other_env_instances(make, rows,
         # u^Q = 0.25 − (−0.125); b = (0.25 + 0.125) + 1.0·(0.25 + 0.125); u^S = u^F = b (c_S = 0)
         assert [sp.utility for sp in mine] == pytest.approx([0.375, 0.75, 0.75])
     assert batch.spans_of("instruct") == [] and batch.spans_of("captioner") == []  # frozen roles: no utility
+
+
+def test_rule_examiner_does_not_read_questions_as_evidence():
+    """A question that names an attribute value is not a claim (ACE-Cap: questions are non-assertive)."""
+    from agentcap.algorithms.loop import serialize_evidence
+    from agentcap.judges.examiner import Question, RuleExaminer
+
+    question = Question("How loud is the buzz?", ("very soft", "soft", "loud", "very loud", "Not given"), "C",
+                        {"subject": "buzz", "attribute": "loudness"})
+    asked = serialize_evidence("A buzz is heard.", [("Is the buzz loud or very soft?", "I cannot tell.")])
+    answered = serialize_evidence("A buzz is heard.", [("How loud is the buzz?", "The buzz is loud.")])
+    assert RuleExaminer().answer([asked, answered], [question, question]) == ["E", "C"]

@@ -163,6 +163,8 @@ class RuleExaminer:
     searched as whole words, longest first, and a shorter option inside an already matched longer
     one does not count ("very high" hides its "high"). Exactly one option found → its letter; none,
     or a subject the caption never mentions → "E"; several → the one found first in the text.
+    Lines of a serialised evidence state that carry a question (ACE-Cap's ser(E)) are not read:
+    questions are non-assertive, so only the initial caption and the answers count as evidence.
     """
 
     def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str]:
@@ -170,6 +172,11 @@ class RuleExaminer:
         return [self._answer_one(c, q) for c, q in zip(captions, questions)]
 
     def _answer_one(self, caption: str, question: Question) -> str:
+        from agentcap.algorithms.loop import EVIDENCE_PREAMBLE, QUESTION_LABEL
+
+        caption = "\n".join(
+            line for line in caption.splitlines() if not line.startswith((QUESTION_LABEL, EVIDENCE_PREAMBLE))
+        )
         subject = question.meta.get("subject") if question.meta else None
         if subject:
             pattern = _word_pattern(str(subject), plural=True)
