@@ -187,6 +187,8 @@ class GRPOModule(L.LightningModule):
     test_dataloader = predict_dataloader = val_dataloader
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self.trainer.state.fn == "fit":
+            return  # `fit` evaluates through the schedule's own evaluate stages
         self.evaluate(Stage(name="validate", kind="evaluate", split="val"))
 
     def test_step(self, batch: Any, batch_idx: int) -> None:

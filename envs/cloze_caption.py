@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from agentcap.data import ManifestError, check_audio, load_audio, resolve
 from agentcap.env import CaptionEnv
+from agentcap.judges import build_examiner, build_temporal_examiner
 from agentcap.episode import Episode, Score
 
 PROMPTS = {
@@ -22,23 +23,6 @@ PROMPTS = {
 
 #: The reward components, in the order they are logged; ``weights`` may name only these.
 COMPONENTS = ("esr", "ectr", "length")
-
-
-def build_examiner(spec: str, device: str = "cpu"):
-    """``rule`` (toy worlds only) or a local folder of an HF causal LM (answers by letter logits)."""
-    from agentcap.judges.examiner import LLMExaminer, RuleExaminer
-
-    if spec == "rule":
-        return RuleExaminer()
-    return LLMExaminer.from_pretrained(spec, device=device)
-
-
-def build_temporal_examiner(spec: str, half_width: float, device: str = "cpu"):
-    from agentcap.judges.temporal import LLMTemporalExaminer, RuleTemporalExaminer
-
-    if spec == "rule":
-        return RuleTemporalExaminer(half_width=half_width)
-    return LLMTemporalExaminer.from_pretrained(spec, half_width=half_width, device=device)
 
 
 class ClozeCaptionEnv(CaptionEnv):
@@ -72,6 +56,8 @@ class ClozeCaptionEnv(CaptionEnv):
     manifest: JSONL rows with ``id, audio, caption, cloze, anchors`` (``duration`` optional); ``cloze``
     and ``anchors`` must be non-empty (ESR and ECTR are means over them).
     examiner / temporal_examiner: ``rule`` (toy worlds only) or a local HF causal-LM folder.
+    examiner_readout: ``letters`` (A–E next-token logits, the paper's examiner) or ``options``
+    (scores each option's text; for small models that cannot follow a letter format).
     half_width: w, the widening of point timestamps. on_error: ``skip`` drops unusable rows (missing,
     empty or corrupt audio; bad cloze items) and counts them; more than ``max_skip_fraction`` stops.
 
@@ -91,6 +77,7 @@ class ClozeCaptionEnv(CaptionEnv):
         examiner: str = "rule",
         temporal_examiner: str = "rule",
         examiner_device: str = "cpu",
+        examiner_readout: Literal["letters", "options"] = "letters",
         weights: Mapping[str, float] | None = None,
         half_width: float = 0.5,
         length_tolerance: float = 0.25,
@@ -108,6 +95,7 @@ class ClozeCaptionEnv(CaptionEnv):
         )
         self.prompt_style = prompt
         self.examiner_spec, self.temporal_spec, self.examiner_device = examiner, temporal_examiner, examiner_device
+        self.examiner_readout = examiner_readout
         self.weights = dict(weights or {"esr": 1.0, "ectr": 1.0, "length": 0.1})
         unknown = sorted(set(self.weights) - set(COMPONENTS))
         if unknown:
@@ -153,7 +141,7 @@ class ClozeCaptionEnv(CaptionEnv):
     @property
     def examiner(self):
         if self._examiner is None:
-            self._examiner = build_examiner(self.examiner_spec, self.examiner_device)
+            self._examiner = build_examiner(self.examiner_spec, self.examiner_device, self.examiner_readout)
         return self._examiner
 
     @property

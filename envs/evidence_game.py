@@ -114,6 +114,7 @@ class EvidenceGameEnv(CaptionEnv):
         prompt: Literal["paper", "compact"] = "paper",
         examiner: str = "rule",
         examiner_device: str = "cpu",
+        examiner_readout: Literal["letters", "options"] = "letters",
         question_cost: float = 0.0,
         stop_cost: float = 0.0,
         preserve_weight: float = 1.0,
@@ -131,6 +132,7 @@ class EvidenceGameEnv(CaptionEnv):
         )
         self.mode, self.budget, self.prompts = mode, budget, PROMPTS[prompt]
         self.examiner_spec, self.examiner_device = examiner, examiner_device
+        self.examiner_readout = examiner_readout
         self.loop = LoopConfig(question_cost=question_cost, stop_cost=stop_cost, preserve_weight=preserve_weight)
         self.demo_questions = budget if demo_questions is None else demo_questions
         self._examiner = None
@@ -259,9 +261,9 @@ class EvidenceGameEnv(CaptionEnv):
     @property
     def examiner(self):
         if self._examiner is None:
-            from agentcap_envs.cloze_caption import build_examiner
+            from agentcap.judges import build_examiner
 
-            self._examiner = build_examiner(self.examiner_spec, self.examiner_device)
+            self._examiner = build_examiner(self.examiner_spec, self.examiner_device, self.examiner_readout)
         return self._examiner
 
     def g2p(self, requests: Sequence[tuple[int, str]], episodes: Sequence[Episode]) -> dict[tuple[int, str], tuple[float, float]]:
