@@ -556,5 +556,6 @@ class GRPOModule(L.LightningModule):
                     "advantage": float(s.advantage),
                     "reward": float(batch.scores[s.trajectory].reward),
                 }
-                for s in batch.spans[: 4 * self.group_size]
+                for s in batch.spans
+                if s.trajectory < self.group_size  # the first group: whole trajectories, every span
             ]
