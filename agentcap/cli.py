@@ -23,6 +23,8 @@ import agentcap.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn)
 class AgentcapCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--checkpoint_every", type=int, default=10, help="Ticks between checkpoints.")
+        # everything a run writes (config.yaml, logs, checkpoints, summary) lands in its run_dir
+        parser.link_arguments("model.run_dir", "trainer.default_root_dir")
         parser.set_defaults(
             {
                 "trainer.max_epochs": 1,
