@@ -44,7 +44,7 @@ def toy_movie(tmp_path_factory) -> Path:
 def toy_soundscapes(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("toy_soundscapes")
     load_tool("make_toy_soundscapes").main(
-        ["--out", str(out), "--train", "6", "--val", "3", "--test", "3", "--max-duration", "4.0", "--bad-examples"]
+        ["--out", str(out), "--train", "6", "--val", "3", "--test", "3", "--bad-examples"]
     )
     return out
 

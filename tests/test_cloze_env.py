@@ -41,10 +41,8 @@ def _write(path: Path, rows: list[dict]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("cloze_world")
-    soundscapes.main(["--out", str(out), "--train", "6", "--val", "3", "--test", "3", "--bad-examples"])
-    return out
+def world(toy_soundscapes) -> Path:
+    return toy_soundscapes  # the session's small toy world (conftest.py)
 
 
 @pytest.fixture(scope="module")
