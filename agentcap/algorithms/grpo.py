@@ -70,15 +70,17 @@ def clipped_objective(
     Shapes: logprobs, old_logprobs, mask, ref_logprobs [N, T]; advantages [N] (one per sequence,
     GRPO) or [N, T] (span-aligned, LOOP-GRPO Eq. 18). ``weights`` [N, T] from :func:`token_weights`.
     """
-    mask = mask.to(logprobs.dtype)
+    keep = mask.bool()  # [N, T]
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1).expand_as(logprobs)
-    advantages = advantages.to(logprobs.dtype)
+        advantages = advantages.unsqueeze(1)
+    advantages = torch.where(keep, advantages.to(logprobs.dtype).expand_as(logprobs), zero)
     if weights is None:
         weights = token_weights(mask)
     weights = weights.to(logprobs.dtype)
     high = clip_eps if clip_eps_high is None else clip_eps_high
-    ratio = torch.exp(logprobs - old_logprobs)  # ρ_{i,t}  # [N, T]
+    # masked positions are zeroed before exp(), so -inf / NaN padding never reaches the loss
+    ratio = torch.exp(torch.where(keep, logprobs - old_logprobs.detach(), zero))  # ρ_{i,t}  # [N, T]
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
     surrogate = torch.minimum(ratio * advantages, clipped * advantages)  # [N, T]
     pg_loss = -(surrogate * weights).sum()
@@ -86,14 +88,16 @@ def clipped_objective(
         was_clipped = ((ratio < 1.0 - clip_eps) & (advantages < 0)) | ((ratio > 1.0 + high) & (advantages > 0))
         clipfrac = (was_clipped.to(weights.dtype) * weights).sum()
         ratio_mean = (ratio * weights).sum()
-    if beta > 0.0:
-        if ref_logprobs is None:
-            raise ValueError("beta > 0 needs ref_logprobs from the frozen reference model")
-        kl = (kl_k3(logprobs, ref_logprobs) * weights).sum()
+    if beta > 0.0 and ref_logprobs is None:
+        raise ValueError("beta > 0 needs ref_logprobs from the frozen reference model")
+    if ref_logprobs is not None:  # logged whenever a reference exists, trained only when beta > 0
+        # masked before exp() for the same reason as the ratio; equals kl_k3 on kept tokens
+        r = torch.where(keep, ref_logprobs.detach() - logprobs, zero)
+        kl = ((torch.exp(r) - r - 1.0) * weights).sum()
     else:
-        kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+        kl = zero
     return {
-        "loss": pg_loss + beta * kl,
+        "loss": pg_loss + beta * kl if beta > 0.0 else pg_loss,
         "pg_loss": pg_loss.detach(),
         "kl": kl.detach(),
         "clipfrac": clipfrac,

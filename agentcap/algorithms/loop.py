@@ -50,6 +50,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from agentcap.algorithms.grpo import clipped_objective, token_weights
 from torch import Tensor
 
 __all__ = [
@@ -315,43 +317,21 @@ def loop_loss(
             f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask"
             f" {tuple(mask.shape)} must have the same [N, T] shape"
         )
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)  # [N, 1], one advantage per row
-    advantages = advantages.to(logprobs.dtype).expand_as(logprobs)  # [N, T]
     if beta > 0 and ref_logprobs is None:
         raise ValueError(f"beta={beta} > 0 needs ref_logprobs from the frozen reference policy")
     if eps_clip <= 0:
         raise ValueError(f"eps_clip must be > 0, got {eps_clip}")
-
-    keep = mask.bool()  # [N, T]
-    weight = keep.to(logprobs.dtype)  # [N, T]
-    count = weight.sum() if token_count is None else torch.as_tensor(token_count, dtype=logprobs.dtype)
-    count = count.clamp(min=1.0)  # an all-masked micro-batch contributes 0, not NaN
-
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    advantages = torch.where(keep, advantages, zero)  # [N, T], A^tok = 0 off the Composer spans
-    log_ratio = torch.where(keep, logprobs - old_logprobs.detach(), zero)  # [N, T]
-    ratio = torch.exp(log_ratio)  # rho, Eq. 19  [N, T]
-    clipped = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip)  # rho-bar, Eq. 20  [N, T]
-    surrogate = torch.minimum(ratio * advantages, clipped * advantages)  # [N, T]
-    pg_loss = -(surrogate * weight).sum() / count  # Eq. 21, first term
-
-    if ref_logprobs is not None:
-        delta = torch.where(keep, ref_logprobs.detach() - logprobs, zero)  # log(pi_ref / pi_theta)  [N, T]
-        k3 = torch.exp(delta) - delta - 1.0  # [N, T], >= 0
-        kl = (k3 * weight).sum() / count
-    else:
-        kl = zero
-    loss = pg_loss + beta * kl if beta > 0 else pg_loss
-
-    with torch.no_grad():
-        was_clipped = ((ratio > 1.0 + eps_clip) & (advantages > 0)) | ((ratio < 1.0 - eps_clip) & (advantages < 0))
-        clipfrac = (was_clipped.to(logprobs.dtype) * weight).sum() / weight.sum().clamp(min=1.0)
-        ratio_mean = (ratio * weight).sum() / weight.sum().clamp(min=1.0)
+    count = float(mask.sum()) if token_count is None else float(token_count)
+    # Eq. 19-21 are GRPO's clipped objective with span-aligned advantages: one implementation
+    out = clipped_objective(
+        logprobs, old_logprobs, advantages, mask, clip_eps=eps_clip, beta=beta, ref_logprobs=ref_logprobs,
+        weights=token_weights(mask, normalizer=max(count, 1.0)),
+    )
+    local = max(float(mask.sum()), 1.0) / max(count, 1.0)  # clipfrac / ratio are per given token
     return {
-        "loss": loss,
-        "pg_loss": pg_loss.detach(),
-        "kl": kl.detach(),
-        "clipfrac": clipfrac,
-        "ratio_mean": ratio_mean,
+        "loss": out["loss"],
+        "pg_loss": out["pg_loss"],
+        "kl": out["kl"],
+        "clipfrac": out["clipfrac"] / local,
+        "ratio_mean": out["ratio"] / local,
     }
