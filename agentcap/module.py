@@ -229,6 +229,8 @@ class GRPOModule(L.LightningModule):
             return
         self.tick, self.summary = int(state["tick"]), dict(state["summary"])
         self._restored = state
+        # progress is the tick; Lightning's own loop counters would end the resumed epoch early
+        checkpoint.pop("loops", None)
 
     # --- the schedule -------------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> None:

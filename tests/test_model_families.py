@@ -113,7 +113,10 @@ def test_generate_returns_texts_and_old_logprobs(kind):
 def test_one_grpo_step_trains_the_policy_and_not_the_frozen_agent(kind):
     policy, frozen = tiny_agent(kind, max_new_tokens=6), tiny_agent(kind, name="reference", max_new_tokens=6)
     policy.set_trainable(True)
-    assert policy.model.training and not frozen.model.training
+    # both stay in eval mode (dropout off); only the trainable one has gradients
+    assert not policy.model.training and not frozen.model.training
+    assert any(p.requires_grad for p in policy.parameters())
+    assert not any(p.requires_grad for p in frozen.parameters())
     obs = observations(kind)
     torch.manual_seed(0)
     gens = policy.generate(obs)
