@@ -7,7 +7,6 @@ jsonargparse before anything is built.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any

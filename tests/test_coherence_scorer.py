@@ -171,7 +171,7 @@ def test_batched_equals_one_by_one_and_reference(gpt2_scorer, tokenizer):
     torch.testing.assert_close(batched, one_by_one, equal_nan=True, rtol=1e-5, atol=1e-5)
 
     # independent reference for one query: unpadded forward, explicit Eq. 4 sum
-    context, response = contexts[4], responses[4]
+    # contexts[4] and responses[4], tokenised by hand:
     ids = tokenizer.convert_tokens_to_ids
     prefix = [tokenizer.bos_token_id] + ids(["Tom", "walks", "to", "the", "window", "slowly", "."])
     target = ids(["Anna", "picks", "up", "the", "red", "cup", ".", "Tom", "smiles"])
