@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 name=${1:?usage: tools/demo.sh read|audiomap|acecap [agentcap fit flags]}
 shift
 PY=.venv/bin/python
+# tiny models: one intra-op thread is several times faster than two contending threads here
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 case "$name" in
   read)
     $PY tools/make_toy_movie.py --out data/toy_movie
