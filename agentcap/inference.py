@@ -19,18 +19,19 @@ import torch
 
 def load_module(config: str, checkpoint: str | None):
     """Build the GRPOModule a training config describes and load a checkpoint's weights into it."""
+    import yaml
     from jsonargparse import ArgumentParser
 
     from agentcap.module import GRPOModule
 
+    with open(config, encoding="utf-8") as handle:
+        document = yaml.safe_load(handle) or {}
+    if "model" not in document:
+        raise ValueError(f"{config}: no 'model' section (give the config `agentcap fit` ran with)")
+    # only the model section matters here; a run's saved config.yaml (all of LightningCLI's keys) works too
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(GRPOModule, "model")
-    parser.add_argument("--config", action="config")
-    parser.add_argument("--trainer", type=dict, default={})
-    parser.add_argument("--seed_everything", type=Any, default=None)
-    parser.add_argument("--checkpoint_every", type=int, default=10)
-    cfg = parser.parse_args(["--config", config])
-    init = parser.instantiate_classes(cfg)
+    init = parser.instantiate_classes(parser.parse_object({"model": document["model"]}))
     module: GRPOModule = init.model
     if checkpoint is not None:
         if not os.path.isfile(checkpoint):
