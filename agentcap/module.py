@@ -219,6 +219,7 @@ class GRPOModule(L.LightningModule):
             "tick": self.tick,
             "summary": self.summary,
             "stage_index": self._stage_index,
+            "stages": [stage.name for stage in self.schedule.stages],
             "optimizer": None if self._optimizer is None else self._optimizer.state_dict(),
             "reference": None if self._reference is None else self._reference.state_dict(),
         }
@@ -227,6 +228,12 @@ class GRPOModule(L.LightningModule):
         state = checkpoint.get("agentcap")
         if state is None:
             return
+        names = [stage.name for stage in self.schedule.stages]
+        if state.get("stages", names) != names:
+            raise ValueError(
+                f"the checkpoint in {self.run_dir} was written by another schedule (stages {state['stages']}, "
+                f"now {names}); resume with the same stages, or start a new --model.run_dir"
+            )
         self.tick, self.summary = int(state["tick"]), dict(state["summary"])
         self._restored = state
         # progress is the tick; Lightning's own loop counters would end the resumed epoch early

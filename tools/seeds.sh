@@ -7,6 +7,7 @@ name=${1:?usage: tools/seeds.sh read|audiomap|acecap SEED...}
 shift
 for seed in "$@"; do
   start=$(date +%s)
+  rm -rf "runs/$name-demo-s$seed"  # a fresh run, not a resume of an older one
   bash tools/demo.sh "$name" --seed_everything "$seed" --model.seed "$seed" \
       --model.run_dir "runs/$name-demo-s$seed" --trainer.logger.init_args.save_dir "runs/$name-demo-s$seed" \
       > "runs/$name-demo-s$seed.log" 2>&1
