@@ -92,6 +92,9 @@ def test_killed_run_resumes_at_the_same_stage_and_step(tmp_path, toy_movie, make
     lines = next((tmp_path / "run").rglob("metrics.csv"), None)
     assert lines is not None
     assert "after" in json.loads((tmp_path / "run" / "summary.json").read_text())
+    # a changed schedule must not silently resume into the wrong stage
+    other = fit(config, "--model.stages=[{name: other, kind: evaluate, split: val}]")
+    assert other.returncode != 0 and "written by another schedule" in other.stderr
 
 
 USER_PACKAGE = '''
