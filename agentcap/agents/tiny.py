@@ -158,16 +158,21 @@ def _qwen2_vl(tokenizer, text: dict[str, Any] | None, seed: int) -> TinyParts:
         text_config=_text_config(tokenizer, text, rope_parameters=dict(MROPE), max_position_embeddings=4096),
         # the merger projects vision patches straight to the LM's width
         vision_config=dict(depth=1, embed_dim=32, hidden_size=hidden, num_heads=2, mlp_ratio=2),
-        **_ids(
-            tokenizer,
-            image_token_id=QWEN_VL_TOKENS["image_token"],
-            video_token_id=QWEN_VL_TOKENS["video_token"],
-            vision_start_token_id=QWEN_VL_TOKENS["vision_start_token"],
-            vision_end_token_id=QWEN_VL_TOKENS["vision_end_token"],
-        ),
+        **_vl_ids(tokenizer),
     )
     model = _seeded(seed, lambda: transformers.Qwen2VLForConditionalGeneration(config))
     return TinyParts(_finish(model, tokenizer), tokenizer, processor, "vision")
+
+
+def _vl_ids(tokenizer) -> dict[str, int]:
+    """The vision token ids both Qwen-VL configs need, read from the tokenizer."""
+    return _ids(
+        tokenizer,
+        image_token_id=QWEN_VL_TOKENS["image_token"],
+        video_token_id=QWEN_VL_TOKENS["video_token"],
+        vision_start_token_id=QWEN_VL_TOKENS["vision_start_token"],
+        vision_end_token_id=QWEN_VL_TOKENS["vision_end_token"],
+    )
 
 
 def _qwen3_vl(tokenizer, text: dict[str, Any] | None, seed: int) -> TinyParts:
@@ -207,13 +212,7 @@ def _qwen3_vl(tokenizer, text: dict[str, Any] | None, seed: int) -> TinyParts:
             num_position_embeddings=64,
             deepstack_visual_indexes=[0],
         ),
-        **_ids(
-            tokenizer,
-            image_token_id=QWEN_VL_TOKENS["image_token"],
-            video_token_id=QWEN_VL_TOKENS["video_token"],
-            vision_start_token_id=QWEN_VL_TOKENS["vision_start_token"],
-            vision_end_token_id=QWEN_VL_TOKENS["vision_end_token"],
-        ),
+        **_vl_ids(tokenizer),
     )
     model = _seeded(seed, lambda: transformers.Qwen3VLForConditionalGeneration(config))
     return TinyParts(_finish(model, tokenizer), tokenizer, processor, "vision")
