@@ -34,9 +34,13 @@ class AgentcapCLI(LightningCLI):
             }
         )
 
+    @property
+    def run_config(self):
+        """This subcommand's part of the parsed config."""
+        return self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+
     def before_instantiate_classes(self) -> None:
-        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
-        trainer = config.get("trainer", {})
+        trainer = self.run_config.get("trainer", {})
         # DDP's reducer cannot follow a trainable agent that changes between stages; the module
         # sums gradients itself, so plain "ddp" means our unwrapped variant.
         if trainer.get("strategy") in ("ddp", "ddp_spawn"):
@@ -44,10 +48,7 @@ class AgentcapCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
-        every = (self.config.get(self.subcommand, self.config) if self.subcommand else self.config).get(
-            "checkpoint_every", 10
-        )
-        self.trainer.callbacks.append(TickCheckpoint(every=every))
+        self.trainer.callbacks.append(TickCheckpoint(every=self.run_config.get("checkpoint_every", 10)))
         self.trainer.callbacks.append(SampleTable())
 
     def before_fit(self) -> None:
