@@ -458,7 +458,7 @@ class GRPOModule(L.LightningModule):
         completion, mask = pad_right(targets, agent.tokenizer.pad_token_id, self.device)
         norm = self._global_sum(float(mask.sum()))
         inputs = agent.encode([o for o, _ in demos])
-        logprobs = agent.completion_logprobs(inputs, completion, mask)
+        logprobs = agent.completion_logprobs(inputs, completion, mask, temperature=1.0)
         loss = -(logprobs * token_weights(mask, normalizer=norm)).sum()  # token-mean NLL
         self.manual_backward(loss)
         self._sync_gradients(agent)

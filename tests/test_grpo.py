@@ -144,3 +144,17 @@ def test_toy_audio_encoder_is_batch_invariant():
     together = model.encode_media(clips)
     for clip, batched in zip(clips, together):
         torch.testing.assert_close(model.encode_media([clip])[0], batched, atol=1e-5, rtol=1e-4)
+
+
+def test_sft_logprobs_ignore_the_sampling_temperature(two_agents):
+    """SFT trains the model's own distribution; GRPO scores at the temperature it sampled with."""
+    policy, _ = two_agents
+    obs = observations(2)
+    gens = policy.generate(obs, greedy=True)
+    inputs = policy.encode(obs)
+    completion, mask = pad_right([g.completion_ids for g in gens], policy.tokenizer.pad_token_id)
+    at_one = policy.completion_logprobs(inputs, completion, mask, temperature=1.0)
+    policy.temperature = 0.5
+    tempered = policy.completion_logprobs(inputs, completion, mask)
+    assert not torch.allclose(at_one, tempered)
+    torch.testing.assert_close(policy.completion_logprobs(inputs, completion, mask, temperature=1.0), at_one)

@@ -147,14 +147,21 @@ class Agent(nn.Module):
 
     # --- scoring ------------------------------------------------------------------------------
     def completion_logprobs(
-        self, inputs: dict[str, Any], completion: torch.Tensor, mask: torch.Tensor, with_entropy: bool = False
+        self,
+        inputs: dict[str, Any],
+        completion: torch.Tensor,
+        mask: torch.Tensor,
+        with_entropy: bool = False,
+        temperature: float | None = None,
     ):
-        """log π(completion token | prompt, earlier tokens) at the sampling temperature: [N, T].
+        """log π(completion token | prompt, earlier tokens): [N, T].
 
-        With ``with_entropy`` also returns the per-token entropy of the same distribution, from the
-        same forward pass.
+        At the sampling temperature by default (the policy that produced the rollouts); SFT passes
+        ``temperature=1`` so the supervised loss trains the model itself, not its tempered copy.
+        With ``with_entropy`` also returns the per-token entropy of the same distribution.
         """
-        logits = self.family.logits(inputs, completion, mask).float() / self.temperature
+        temperature = self.temperature if temperature is None else temperature
+        logits = self.family.logits(inputs, completion, mask).float() / temperature
         logp_all = F.log_softmax(logits, dim=-1)  # [N, T, V]
         logprobs = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1) * mask
         if not with_entropy:
