@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 from agentcap.data import ManifestError, check_audio, load_audio, resolve
 from agentcap.env import CaptionEnv
-from agentcap.judges import build_examiner, build_temporal_examiner
 from agentcap.episode import Episode, Score
+from agentcap.judges import build_examiner, build_temporal_examiner
+from agentcap.rewards.functional.cloze import anchor_problem
 
 PROMPTS = {
     "paper": (
@@ -207,16 +208,6 @@ def question_bank(item: Mapping[str, Any], field: str = "cloze") -> list:
 
 def _check_anchor(anchor: Any, where: str) -> None:
     """An ECTR anchor ``{"event": str, "start": s, "end": e}`` with 0 ≤ s ≤ e (AudioMap Eq. 4–5)."""
-    if not isinstance(anchor, Mapping):
-        raise ManifestError(f"{where}: an anchor must be an object with event, start, end; got {anchor!r}")
-    for name in ("event", "start", "end"):
-        if name not in anchor:
-            raise ManifestError(f"{where}: anchor is missing field {name!r} (has {sorted(anchor)})")
-    event, start, end = anchor["event"], anchor["start"], anchor["end"]
-    if not isinstance(event, str) or not event.strip():
-        raise ManifestError(f"{where}: field 'event' must be a non-empty string, got {event!r}")
-    for name, value in (("start", start), ("end", end)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ManifestError(f"{where}: field {name!r} must be a number of seconds, got {value!r}")
-    if not 0 <= start <= end:
-        raise ManifestError(f"{where}: fields 'start'/'end' need 0 ≤ start ≤ end, got start={start!r}, end={end!r}")
+    problem = anchor_problem(anchor)
+    if problem is not None:
+        raise ManifestError(f"{where}: {problem}")

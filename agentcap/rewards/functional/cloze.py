@@ -12,6 +12,8 @@ documented there.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -102,19 +104,30 @@ def temporal_iou(pred: tuple[float, float] | None, gold: tuple[float, float]) ->
     return 0.0 if union <= 0 else inter / union
 
 
-def _anchor(anchor: Mapping[str, Any], i: int, m: int) -> tuple[str, tuple[float, float]]:
+def anchor_problem(anchor: Any) -> str | None:
+    """Why ``anchor`` is not an ECTR anchor ``{"event": str, "start": s, "end": e}`` with 0 ≤ s ≤ e
+    (AudioMap Eq. 4–5), or None when it is one. Shared by the reward and the manifest check."""
+    if not isinstance(anchor, Mapping):
+        return f"an anchor must be an object with event, start, end; got {anchor!r}"
     for name in ("event", "start", "end"):
         if name not in anchor:
-            raise ValueError(f"caption {i}, anchor {m}: missing field {name!r} (has {sorted(anchor)})")
+            return f"missing field {name!r} (has {sorted(anchor)})"
     event, start, end = anchor["event"], anchor["start"], anchor["end"]
     if not isinstance(event, str) or not event.strip():
-        raise ValueError(f"caption {i}, anchor {m}: field 'event' must be a non-empty string, got {event!r}")
-    if not all(isinstance(t, (int, float)) for t in (start, end)) or not 0 <= start <= end:
-        raise ValueError(
-            f"caption {i}, anchor {m}: fields 'start'/'end' must be numbers with 0 <= start <= end, "
-            f"got start={start!r}, end={end!r}"
-        )
-    return event, (float(start), float(end))
+        return f"field 'event' must be a non-empty string, got {event!r}"
+    for name, value in (("start", start), ("end", end)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"field {name!r} must be a number of seconds, got {value!r}"
+    if not 0 <= start <= end:
+        return f"fields 'start'/'end' need 0 ≤ start ≤ end, got start={start!r}, end={end!r}"
+    return None
+
+
+def _anchor(anchor: Mapping[str, Any], i: int, m: int) -> tuple[str, tuple[float, float]]:
+    problem = anchor_problem(anchor)
+    if problem is not None:
+        raise ValueError(f"caption {i}, anchor {m}: {problem}")
+    return anchor["event"], (float(anchor["start"]), float(anchor["end"]))
 
 
 def event_temporal_reward(
