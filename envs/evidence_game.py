@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import random
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -95,7 +97,8 @@ class EvidenceGameEnv(CaptionEnv):
     ## Arguments
     manifest: JSONL rows with ``id, audio, caption, mcq`` (and ``short_caption``, ``qa`` for the
     supervised warm start). budget: K. examiner: ``rule`` (toy worlds only) or a local HF causal LM.
-    question_cost, stop_cost, preserve_weight: c_Q, c_S, λ of LOOP-GRPO.
+    question_cost, stop_cost, preserve_weight: c_Q, c_S, λ of LOOP-GRPO. demo_questions, demo_order:
+    how many gold questions the warm-start demonstrations ask, and which (see ``demonstrations``).
 
     ## Version history
     v0: first version.
@@ -119,6 +122,7 @@ class EvidenceGameEnv(CaptionEnv):
         stop_cost: float = 0.0,
         preserve_weight: float = 1.0,
         demo_questions: int | None = None,
+        demo_order: Literal["manifest", "shuffled"] = "manifest",
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
         max_skip_fraction: float = 0.1,
@@ -135,6 +139,9 @@ class EvidenceGameEnv(CaptionEnv):
         self.examiner_readout = examiner_readout
         self.loop = LoopConfig(question_cost=question_cost, stop_cost=stop_cost, preserve_weight=preserve_weight)
         self.demo_questions = budget if demo_questions is None else demo_questions
+        if demo_order not in ("manifest", "shuffled"):
+            raise ValueError(f"demo_order must be 'manifest' or 'shuffled', got {demo_order!r}")
+        self.demo_order = demo_order
         self._examiner = None
         if mode == "instruct":
             for i, item in enumerate(self.items):
@@ -229,15 +236,22 @@ class EvidenceGameEnv(CaptionEnv):
     # --- supervised warm start ----------------------------------------------------------------
     def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
         """Every role's targets from the gold data, in game order: c0 = the short caption (else the
-        gold caption's first sentence), the first min(demo_questions, K) gold questions, each
-        followed by its gold answer (Instruct), READY when fewer than K were asked, then the gold
-        caption as the final caption."""
+        gold caption's first sentence), min(demo_questions, K) gold questions, each followed by its
+        gold answer (Instruct), READY when fewer than K were asked, then the gold caption as the
+        final caption.
+
+        The questions are the manifest's first ones, or with ``demo_order="shuffled"`` a draw seeded
+        by the item's id: the same for an item every time, but spread over every event and attribute
+        across items, so the warm-started Instruct can answer whatever the Composer later asks."""
         from agentcap.judges.examiner import sentences
 
         # the first sentence of the gold caption, when there is no short caption ("4.7 s" does not end one)
         c0 = item.get("short_caption") or (sentences(item["caption"]) or [item["caption"]])[0]
         # never more questions than the game allows: the K-th answer is followed by the final turn
-        qa = [(q["question"], q["answer"]) for q in item.get("qa", [])][: min(self.demo_questions, self.budget)]
+        qa = [(q["question"], q["answer"]) for q in item.get("qa", [])]
+        if self.demo_order == "shuffled":
+            random.Random(zlib.crc32(str(item["id"]).encode())).shuffle(qa)
+        qa = qa[: min(self.demo_questions, self.budget)]
         demos = [(self.captioner_obs(item), c0)]
         for t, (question, answer) in enumerate(qa):
             demos.append((self.composer_obs(c0, qa[:t], finalize=False), f"ASK : {question}"))

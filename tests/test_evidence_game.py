@@ -391,6 +391,22 @@ def test_demonstrations_replay_as_a_game(make, rows, one, budget, demo_questions
     assert [a.kind for a in info["episode"].actions][-1] == "final"
 
 
+def test_shuffled_demonstrations_are_seeded_by_the_item_and_spread_over_events(make, rows):
+    env = make(budget=4, demo_questions=3, demo_order="shuffled").unwrapped
+    asked = lambda item: [t.removeprefix("ASK : ") for o, t in env.demonstrations(item) if t.startswith("ASK")]
+    gold = {i: [q["question"] for q in rows[i]["qa"]] for i in range(len(rows))}
+    for i, item in enumerate(env.items):
+        questions = asked(item)
+        assert questions == asked(item), "the same item must always show the same questions"
+        assert len(questions) == min(3, len(gold[i])) and set(questions) <= set(gold[i])
+    # over the items, questions about later events are demonstrated too (the manifest order never does)
+    events = {q["meta"]["event"] for i, item in enumerate(env.items) for q in rows[i]["qa"]
+              if q["question"] in asked(item)}
+    assert len(events) > 1
+    with pytest.raises(ValueError, match="demo_order"):
+        make(demo_order="random")
+
+
 def test_demonstration_c0_falls_back_to_the_first_gold_sentence(make, rows):
     env = make()
     index = next(i for i, r in enumerate(rows) if len(r["events"]) > 1)
