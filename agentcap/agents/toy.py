@@ -21,6 +21,9 @@ import torch.nn as nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
+LOG_MEL_SHIFT, LOG_MEL_SCALE = 5.5, 2.0
+
+
 @dataclass
 class ToyConfig:
     vocab_size: int
@@ -70,14 +73,17 @@ class ToyMediaLM(nn.Module):
             self.mel = torchaudio.transforms.MelSpectrogram(
                 sample_rate=config.sample_rate, n_fft=400, hop_length=hop, n_mels=config.n_mels
             )
-            stride = max(1, round(config.sample_rate / hop / config.tokens_per_second))
+            self.stride = max(1, round(config.sample_rate / hop / config.tokens_per_second))
             self.encoder = nn.Sequential(
                 nn.Conv1d(config.n_mels, h, kernel_size=3, padding=1),
                 nn.GELU(),
-                nn.Conv1d(h, h, kernel_size=stride, stride=stride),
+                nn.Conv1d(h, h, kernel_size=self.stride, stride=self.stride),
                 nn.GELU(),
             )
+            self.frame_norm = nn.LayerNorm(h)
+            # small, like the LM's own embeddings: an N(0, 1) table would drown the audio features
             self.frame_position = nn.Embedding(256, h)
+            nn.init.normal_(self.frame_position.weight, std=0.02)
         self.generation_config = self.lm.generation_config
 
     # --- media ----------------------------------------------------------------------------------
@@ -93,13 +99,21 @@ class ToyMediaLM(nn.Module):
             return [z[i, :n] for i, n in enumerate(lengths)]
         # the mel front end runs per clip (its edge padding must not see a neighbour's zeros); the
         # encoder runs on the zero-padded batch, which equals per-clip zero padding of its convolutions
-        mels = [torch.log(self.mel(torch.as_tensor(m["waveform"], dtype=torch.float32, device=device)) + 1e-5).T
-                for m in media]  # [frames_i, n_mels]
-        stride = self.encoder[2].stride[0]
+        mels = [self.log_mel(torch.as_tensor(m["waveform"], dtype=torch.float32, device=device)) for m in media]
+        stride = self.stride
         batch = nn.utils.rnn.pad_sequence(mels, batch_first=True).transpose(1, 2)  # [B, n_mels, frames]
         z = self.encoder(batch).transpose(1, 2)[:, : self.frame_position.num_embeddings]  # [B, P, H]
-        z = z + self.frame_position(torch.arange(z.shape[1], device=device))
+        z = self.frame_norm(z) + self.frame_position(torch.arange(z.shape[1], device=device))
         return [z[i, : max(1, min(z.shape[1], m.shape[0] // stride))] for i, m in enumerate(mels)]
+
+    def log_mel(self, waveform: torch.Tensor) -> torch.Tensor:
+        """[frames, n_mels] log-mel, shifted and scaled to about zero mean and unit spread.
+
+        Raw log power of 16-bit-level audio sits near -5.5 ± 2 (measured on the toy soundscapes);
+        fed as is, the first convolution starts saturated and the LM learns to ignore the prefix.
+        A fixed affine map (not a per-clip norm) keeps loudness, which captions must report.
+        """
+        return ((torch.log(self.mel(waveform) + 1e-5) + LOG_MEL_SHIFT) / LOG_MEL_SCALE).T
 
     def _layout(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: list[dict]):
         """``[pad][media][tokens]`` embeddings, mask and position ids.
