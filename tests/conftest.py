@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -47,6 +48,16 @@ def toy_soundscapes(tmp_path_factory) -> Path:
         ["--out", str(out), "--train", "6", "--val", "3", "--test", "3", "--bad-examples"]
     )
     return out
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def sound_rows(toy_soundscapes) -> list[dict]:
+    """The small toy soundscape world's training rows, as the generator wrote them."""
+    return read_jsonl(toy_soundscapes / "train.jsonl")
 
 
 def read_config(run_dir: Path, world: Path, stages: list[dict], **model) -> Path:

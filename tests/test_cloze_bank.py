@@ -4,7 +4,6 @@ valid items and files the rest with reasons."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,15 +15,9 @@ from agentcap.agents.tokenizer import build_word_tokenizer
 from agentcap.data import ManifestError
 from agentcap.judges.examiner import Question, RuleExaminer
 from agentcap.rewards.functional.cloze import evidence_sufficiency
+from conftest import load_tool, read_jsonl
 
-def _load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bank_tool = _load_tool("build_cloze_bank")
+bank_tool = load_tool("build_cloze_bank")
 validate = bank_tool.validate_cloze_item
 
 CAPTION = ("From 0.5 s to 1.8 s, a loud very high beep sounds three times. "
@@ -70,10 +63,6 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
 def test_rule_mode_builds_answerable_items_deterministically(tmp_path):
     rows = [{"audio": "a.wav", "caption": CAPTION},
             {"audio": "b.wav", "caption": "A chirp sounds twice at 3 s."},
@@ -82,8 +71,8 @@ def test_rule_mode_builds_answerable_items_deterministically(tmp_path):
     args = ["--input", str(source), "--rule", "--out", str(tmp_path / "bank.jsonl"),
             "--rejected", str(tmp_path / "rejected.jsonl")]
     counts = bank_tool.main(args)
-    banks = _read_jsonl(tmp_path / "bank.jsonl")
-    rejected = _read_jsonl(tmp_path / "rejected.jsonl")
+    banks = read_jsonl(tmp_path / "bank.jsonl")
+    rejected = read_jsonl(tmp_path / "rejected.jsonl")
     # caption 1: loudness, pitch, type, count for each of its two events; caption 2: type and count
     assert [len(b["cloze"]) for b in banks] == [8, 2] + [0]
     assert counts == {"rows": 3, "accepted": 10, "rejected": 1}
@@ -113,7 +102,7 @@ def test_rule_mode_custom_vocabulary_and_its_checks(tmp_path):
     out, bad = tmp_path / "bank.jsonl", tmp_path / "rejected.jsonl"
     bank_tool.main(["--input", str(source), "--rule", "--vocab", str(vocab), "--subject-class", "animal",
                     "--out", str(out), "--rejected", str(bad)])
-    items = _read_jsonl(out)[0]["cloze"]
+    items = read_jsonl(out)[0]["cloze"]
     assert [i["passage"] for i in items] == ["A ___ barks twice.", "A dog barks ___."]
     assert all(i["meta"]["subject"] == "dog" for i in items)
     vocab.write_text(json.dumps({"animal": ["dog", "cat", "cow"]}))
@@ -151,8 +140,8 @@ def test_llm_mode_with_a_tiny_model_files_its_output(tmp_path):
     counts = bank_tool.main(["--input", str(source), "--model", str(tmp_path / "writer"), "--out", str(out),
                              "--rejected", str(bad), "--max-new-tokens", "12"])
     # whatever a random model writes, the bank holds only valid items and every rejection has reasons
-    kept = _read_jsonl(out)[0]["cloze"]
+    kept = read_jsonl(out)[0]["cloze"]
     assert all(validate(item, CAPTION) == [] for item in kept)
-    filed = _read_jsonl(bad)
+    filed = read_jsonl(bad)
     assert counts["accepted"] == len(kept) and counts["rejected"] == len(filed)
     assert all(row["reasons"] for row in filed)

@@ -14,7 +14,7 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 import pytest
-from conftest import load_tool
+from conftest import load_tool, read_jsonl
 import soundfile
 
 import agentcap  # noqa: F401  (registers the environments)
@@ -31,28 +31,14 @@ RATE = 16_000
 soundscapes = load_tool("make_toy_soundscapes")
 
 
-def _read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def _write(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
 
 
 @pytest.fixture(scope="module")
-def world(toy_soundscapes) -> Path:
-    return toy_soundscapes  # the session's small toy world (conftest.py)
-
-
-@pytest.fixture(scope="module")
-def rows(world) -> list[dict]:
-    return _read(world / "train.jsonl")
-
-
-@pytest.fixture(scope="module")
-def env(world):
-    return gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), prompt="compact")
+def env(toy_soundscapes):
+    return gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact")
 
 
 def _index(rows: list[dict], events: int) -> int:
@@ -73,8 +59,8 @@ def _wrong(value: str, choices) -> str:
 
 
 # --- observation --------------------------------------------------------------------------------
-def test_observation_is_the_waveform_at_16k_mono(env, rows):
-    for index, row in enumerate(rows):
+def test_observation_is_the_waveform_at_16k_mono(env, sound_rows):
+    for index, row in enumerate(sound_rows):
         obs, info = env.reset(options={"index": index})
         assert info["index"] == index
         assert obs["agent"] == "policy"
@@ -87,13 +73,13 @@ def test_observation_is_the_waveform_at_16k_mono(env, rows):
         assert env.observation_space.contains(obs)
 
 
-def test_other_rates_and_stereo_become_16k_mono(world, tmp_path):
+def test_other_rates_and_stereo_become_16k_mono(toy_soundscapes, tmp_path):
     import torch
     import torchaudio.functional as AF
 
-    valid = _read(world / "bad.jsonl")[-1]
+    valid = read_jsonl(toy_soundscapes / "bad.jsonl")[-1]
     assert valid["id"] == "bad-valid"
-    original, rate = soundfile.read(str(world / "audio" / "bad-valid.wav"), dtype="float32")
+    original, rate = soundfile.read(str(toy_soundscapes / "audio" / "bad-valid.wav"), dtype="float32")
     assert rate == RATE
     resampled = AF.resample(torch.from_numpy(original), RATE, 22_050).numpy()
     stereo = np.stack([resampled, np.zeros_like(resampled)], axis=1)  # left = signal, right = silence
@@ -111,9 +97,9 @@ def test_other_rates_and_stereo_become_16k_mono(world, tmp_path):
     assert len(short.reset(options={"index": 0})[0]["media"]["waveform"]) == RATE
 
 
-def test_flac_and_ogg_load(world):
-    wav = soundfile.read(str(world / "audio" / "bad-valid.wav"), dtype="float32")[0]
-    env = gymnasium.make(ENV_ID, manifest=str(world / "formats.jsonl"), prompt="compact")
+def test_flac_and_ogg_load(toy_soundscapes):
+    wav = soundfile.read(str(toy_soundscapes / "audio" / "bad-valid.wav"), dtype="float32")[0]
+    env = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "formats.jsonl"), prompt="compact")
     assert [item["id"] for item in env.unwrapped.items] == ["bad-valid-flac", "bad-valid-ogg"]
     flac = env.reset(options={"index": 0})[0]["media"]["waveform"]
     ogg = env.reset(options={"index": 1})[0]["media"]["waveform"]
@@ -125,8 +111,8 @@ def test_flac_and_ogg_load(world):
 
 
 # --- rewards --------------------------------------------------------------------------------------
-def test_gold_caption_gets_full_marks(env, rows):
-    for index, row in enumerate(rows):
+def test_gold_caption_gets_full_marks(env, sound_rows):
+    for index, row in enumerate(sound_rows):
         obs, reward, terminated, truncated, info = _play(env, index, row["caption"])
         assert terminated and not truncated
         assert info["agent"] == "policy" and info["action_kind"] == "caption"
@@ -138,19 +124,19 @@ def test_gold_caption_gets_full_marks(env, rows):
         assert [a.kind for a in info["episode"].actions] == ["caption"]
 
 
-def test_empty_caption_gets_omission_penalty_and_no_temporal_credit(world, env):
+def test_empty_caption_gets_omission_penalty_and_no_temporal_credit(toy_soundscapes, env):
     obs, reward, terminated, _, info = _play(env, 0, "")
     assert terminated
     assert info["rewards"] == {"esr": -0.5, "ectr": 0.0, "length": 0.0}
     assert reward == -0.5
-    milder = gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), prompt="compact", r_abs=-0.25)
+    milder = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact", r_abs=-0.25)
     assert _play(milder, 0, "")[4]["rewards"]["esr"] == -0.25
 
 
 @pytest.mark.parametrize("events", [1, 3])
-def test_wrong_attribute_costs_r_neg_on_that_question(env, rows, events):
-    index = _index(rows, events)
-    row = rows[index]
+def test_wrong_attribute_costs_r_neg_on_that_question(env, sound_rows, events):
+    index = _index(sound_rows, events)
+    row = sound_rows[index]
     first = row["events"][0]
     wrong = _wrong(first["pitch"], soundscapes.PITCHES)
     old = f"a {first['loudness']} {first['pitch']} {first['type']}"
@@ -173,9 +159,9 @@ def test_wrong_attribute_costs_r_neg_on_that_question(env, rows, events):
     assert info["rewards"]["length"] == 1.0
 
 
-def test_reward_is_the_weighted_sum_R1_then_R2(world, rows):
-    index = _index(rows, 1)
-    row = rows[index]
+def test_reward_is_the_weighted_sum_R1_then_R2(toy_soundscapes, sound_rows):
+    index = _index(sound_rows, 1)
+    row = sound_rows[index]
     event = row["events"][0]
     start, end = event["start"], event["end"]
     middle = f"{(start + end) / 2:.2f}"
@@ -188,7 +174,7 @@ def test_reward_is_the_weighted_sum_R1_then_R2(world, rows):
     assert r1 == {"esr": 1.0, "ectr": 0.0, "length": 0.2} and r2["ectr"] == 0.5
     results = {}
     for name, weights in (("R1", r1), ("R2", r2)):
-        env = gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), prompt="compact", weights=weights)
+        env = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact", weights=weights)
         _, reward, _, _, info = _play(env, index, caption)
         results[name] = (reward, info["rewards"])
     (reward1, parts1), (reward2, parts2) = results["R1"], results["R2"]
@@ -198,10 +184,10 @@ def test_reward_is_the_weighted_sum_R1_then_R2(world, rows):
     assert reward1 == pytest.approx(1.0 * 1.0 + 0.2 * 1.0)
     assert reward2 == pytest.approx(1.0 * 1.0 + 0.5 * expected_ectr + 0.2 * 1.0)
 
-    only_esr = gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), prompt="compact", weights={"esr": 2.0})
+    only_esr = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact", weights={"esr": 2.0})
     assert _play(only_esr, index, caption)[1] == pytest.approx(2.0)  # a weight left out counts 0
     with pytest.raises(ValueError, match="ecrt"):
-        gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), weights={"esr": 1.0, "ecrt": 1.0})
+        gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), weights={"esr": 1.0, "ecrt": 1.0})
 
 
 class CountingExaminer:
@@ -215,12 +201,12 @@ class CountingExaminer:
         return self.inner.answer(captions, questions)
 
 
-def test_batched_score_equals_per_episode_scores(world, rows):
-    env = gymnasium.make(ENV_ID, manifest=str(world / "train.jsonl"), prompt="compact", defer_scoring=True)
+def test_batched_score_equals_per_episode_scores(toy_soundscapes, sound_rows):
+    env = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact", defer_scoring=True)
     counter = env.unwrapped._examiner = CountingExaminer(RuleExaminer())
-    one = _index(rows, 1)
-    plays = [(0, rows[0]["caption"]), (1, ""), (2, rows[2]["short_caption"]), (one, rows[one]["caption"]),
-             (one, rows[one]["caption"]), (3, "A beep at 1 s.")]
+    one = _index(sound_rows, 1)
+    plays = [(0, sound_rows[0]["caption"]), (1, ""), (2, sound_rows[2]["short_caption"]), (one, sound_rows[one]["caption"]),
+             (one, sound_rows[one]["caption"]), (3, "A beep at 1 s.")]
     episodes = []
     for index, caption in plays:
         obs, reward, terminated, _, info = _play(env, index, caption)
@@ -251,9 +237,9 @@ BAD_ROWS = {
 
 
 @pytest.mark.parametrize("bad_id", sorted(BAD_ROWS))
-def test_bad_row_raises_naming_file_line_field_value(world, bad_id):
-    bad = {r["id"]: r for r in _read(world / "bad.jsonl")}
-    manifest = _write(world / f"one-{bad_id}.jsonl", [bad["bad-valid"], bad[bad_id]])  # bad row on line 2
+def test_bad_row_raises_naming_file_line_field_value(toy_soundscapes, bad_id):
+    bad = {r["id"]: r for r in read_jsonl(toy_soundscapes / "bad.jsonl")}
+    manifest = _write(toy_soundscapes / f"one-{bad_id}.jsonl", [bad["bad-valid"], bad[bad_id]])  # bad row on line 2
     with pytest.raises(ManifestError) as caught:
         gymnasium.make(ENV_ID, manifest=str(manifest), on_error="raise")
     message = str(caught.value)
@@ -262,29 +248,29 @@ def test_bad_row_raises_naming_file_line_field_value(world, bad_id):
         assert fragment in message, (fragment, message)
 
 
-def test_bad_anchors_are_refused_at_load(world, rows):
+def test_bad_anchors_are_refused_at_load(toy_soundscapes, sound_rows):
     cases = [([], "field 'anchors' is empty"),
              ([{"event": "a beep", "start": "soon", "end": 1.0}], "anchors[0]: field 'start'"),
              ([{"event": "a beep", "start": 2.0, "end": 1.0}], "anchors[0]: fields 'start'/'end'"),
              (["a beep at 1 s"], "anchors[0]")]
     for anchors, fragment in cases:
-        manifest = _write(world / "bad-anchors.jsonl", [{**rows[0], "anchors": anchors}])
+        manifest = _write(toy_soundscapes / "bad-anchors.jsonl", [{**sound_rows[0], "anchors": anchors}])
         with pytest.raises(ManifestError, match=fragment.replace("[", r"\[").replace("]", r"\]")) as caught:
             gymnasium.make(ENV_ID, manifest=str(manifest))
         assert f"{manifest}:1" in str(caught.value)
 
 
-def test_skip_drops_and_counts_bad_rows(world, rows):
-    bad = _read(world / "bad.jsonl")
-    manifest = _write(world / "mixed.jsonl", rows + bad)
+def test_skip_drops_and_counts_bad_rows(toy_soundscapes, sound_rows):
+    bad = read_jsonl(toy_soundscapes / "bad.jsonl")
+    manifest = _write(toy_soundscapes / "mixed.jsonl", sound_rows + bad)
     env = gymnasium.make(ENV_ID, manifest=str(manifest), prompt="compact", on_error="skip", max_skip_fraction=0.5)
     kept = [item["id"] for item in env.unwrapped.items]
-    assert kept == [r["id"] for r in rows] + ["bad-valid"]
+    assert kept == [r["id"] for r in sound_rows] + ["bad-valid"]
     report = env.unwrapped.skipped
-    assert report.total == len(rows) + len(bad) == 12
+    assert report.total == len(sound_rows) + len(bad) == 12
     assert len(report.skipped) == 5 and report.fraction == pytest.approx(5 / 12)
     for line, bad_id in enumerate(r["id"] for r in bad if r["broken"]):
-        assert f"{manifest}:{len(rows) + line + 1}" in report.skipped[line]
+        assert f"{manifest}:{len(sound_rows) + line + 1}" in report.skipped[line]
     assert "bad-missing.wav" in report.skipped[0] and "'Z'" in report.skipped[4]
     obs, _ = env.reset(options={"index": len(kept) - 1})
     assert len(obs["media"]["waveform"]) == 3 * RATE  # what was kept still plays
@@ -294,20 +280,20 @@ def test_skip_drops_and_counts_bad_rows(world, rows):
 
 
 # --- supervised warm start and inference ------------------------------------------------------------
-def test_demonstrations_are_the_gold_caption(env, rows):
+def test_demonstrations_are_the_gold_caption(env, sound_rows):
     item = env.unwrapped.items[0]
     demos = env.unwrapped.demonstrations(item)
     assert len(demos) == 1
     obs, target = demos[0]
-    assert target == rows[0]["caption"]
+    assert target == sound_rows[0]["caption"]
     reset_obs = env.reset(options={"index": 0})[0]
     assert obs["agent"] == reset_obs["agent"] == "policy"
     assert obs["messages"] == reset_obs["messages"]
     np.testing.assert_array_equal(obs["media"]["waveform"], reset_obs["media"]["waveform"])
 
 
-def test_unlabelled_audio_is_captioned_without_a_score(world, env):
-    item = env.unwrapped.item_from_audio(str(world / "audio" / "train-0001.wav"))
+def test_unlabelled_audio_is_captioned_without_a_score(toy_soundscapes, env):
+    item = env.unwrapped.item_from_audio(str(toy_soundscapes / "audio" / "train-0001.wav"))
     env.reset(options={"item": item})
     obs, reward, terminated, _, info = env.step("A beep at 1 s.")
     assert terminated and math.isnan(reward)
@@ -315,10 +301,10 @@ def test_unlabelled_audio_is_captioned_without_a_score(world, env):
     assert info["score"].extras == {"unlabelled": 1.0}
 
 
-def test_items_handed_over_directly_are_scored_like_manifest_rows(world, rows):
-    items = [{**row, "audio": str(world / row["audio"])} for row in rows[:2]]  # no manifest: absolute paths
+def test_items_handed_over_directly_are_scored_like_manifest_rows(toy_soundscapes, sound_rows):
+    items = [{**row, "audio": str(toy_soundscapes / row["audio"])} for row in sound_rows[:2]]  # no manifest: absolute paths
     env = gymnasium.make(ENV_ID, items=items, prompt="compact")
-    for index, row in enumerate(rows[:2]):
+    for index, row in enumerate(sound_rows[:2]):
         _, reward, terminated, _, info = _play(env, index, row["caption"])
         assert terminated and info["rewards"]["esr"] == 1.0 and info["rewards"]["length"] == 1.0
     assert _play(env, 0, "")[4]["rewards"]["esr"] == -0.5

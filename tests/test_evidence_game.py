@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import gymnasium
 import numpy as np
 import pytest
-from conftest import load_tool
+from conftest import load_tool, read_jsonl
 
 import agentcap  # noqa: F401  (registers the environments)
 from agentcap.algorithms.loop import serialize_evidence
@@ -33,34 +33,20 @@ COMPACT = PROMPTS["compact"]
 soundscapes = load_tool("make_toy_soundscapes")
 
 
-def _read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 @pytest.fixture(scope="module")
-def world(toy_soundscapes) -> Path:
-    return toy_soundscapes  # the session's small toy world (conftest.py)
-
-
-@pytest.fixture(scope="module")
-def rows(world) -> list[dict]:
-    return _read(world / "train.jsonl")
-
-
-@pytest.fixture(scope="module")
-def one(rows) -> int:
+def one(sound_rows) -> int:
     """Index of the first training clip with a single event: its MCQ bank is type, pitch, loudness,
     count of that event (L = 4), which keeps the hand computations short."""
-    found = [i for i, r in enumerate(rows) if len(r["events"]) == 1]
+    found = [i for i, r in enumerate(sound_rows) if len(r["events"]) == 1]
     assert found, "the toy world has no single-event clip"
-    assert [q["meta"]["attribute"] for q in rows[found[0]]["mcq"]] == ["type", "pitch", "loudness", "count"]
+    assert [q["meta"]["attribute"] for q in sound_rows[found[0]]["mcq"]] == ["type", "pitch", "loudness", "count"]
     return found[0]
 
 
 @pytest.fixture(scope="module")
-def make(world):
+def make(toy_soundscapes):
     def make(**kwargs):
-        kwargs.setdefault("manifest", str(world / "train.jsonl"))
+        kwargs.setdefault("manifest", str(toy_soundscapes / "train.jsonl"))
         return gymnasium.make(ENV_ID, prompt="compact", examiner="rule", **kwargs)
 
     return make
@@ -108,8 +94,8 @@ class CountingExaminer:
 
 
 # --- turn order and observations -------------------------------------------------------------
-def test_turn_order_and_who_gets_the_audio(make, rows, one):
-    env, s, row = make(budget=2), _script(rows[one]), rows[one]
+def test_turn_order_and_who_gets_the_audio(make, sound_rows, one):
+    env, s, row = make(budget=2), _script(sound_rows[one]), sound_rows[one]
     actions = [s["c0"], s["ask_pitch"], s["pitch"], s["ask_count"], s["count"], s["final"]]
     seen, reward, info = _play(env, one, actions)
     assert [o["agent"] for o in seen] == ["captioner", "composer", "instruct", "composer", "instruct", "composer"]
@@ -137,8 +123,8 @@ def test_turn_order_and_who_gets_the_audio(make, rows, one):
         env.unwrapped.advance(episode, "one more")
 
 
-def test_ready_stops_with_a_stop_action_and_stop_utility(make, rows, one):
-    env, s = make(budget=4, stop_cost=0.1), _script(rows[one])
+def test_ready_stops_with_a_stop_action_and_stop_utility(make, sound_rows, one):
+    env, s = make(budget=4, stop_cost=0.1), _script(sound_rows[one])
     seen, reward, info = _play(env, one, [s["c0"], s["ask_pitch"], s["pitch"], "READY", s["final"]])
     assert seen[-1]["messages"][-1]["content"].endswith(COMPACT["finalize"])
     kinds = [a.kind for a in info["episode"].actions]
@@ -149,8 +135,8 @@ def test_ready_stops_with_a_stop_action_and_stop_utility(make, rows, one):
     assert info["score"].extras["forced"] == 0.0 and info["score"].extras["questions"] == 1.0
 
 
-def test_budget_forces_finalisation_without_a_stop_action(make, rows, one):
-    env, s = make(budget=1, stop_cost=0.1), _script(rows[one])
+def test_budget_forces_finalisation_without_a_stop_action(make, sound_rows, one):
+    env, s = make(budget=1, stop_cost=0.1), _script(sound_rows[one])
     seen, reward, info = _play(env, one, [s["c0"], s["ask_pitch"], s["pitch"], s["final"]])
     assert seen[-1]["agent"] == "composer" and seen[-1]["messages"][-1]["content"].endswith(COMPACT["finalize"])
     kinds = [a.kind for a in info["episode"].actions]
@@ -167,8 +153,8 @@ def test_budget_forces_finalisation_without_a_stop_action(make, rows, one):
     assert info["score"].extras["forced"] == 1.0 and info["utilities"][0] is None
 
 
-def test_zero_questions(make, rows, one):
-    env, s = make(budget=4, stop_cost=0.1, preserve_weight=0.5), _script(rows[one])
+def test_zero_questions(make, sound_rows, one):
+    env, s = make(budget=4, stop_cost=0.1, preserve_weight=0.5), _script(sound_rows[one])
     seen, reward, info = _play(env, one, [s["c0"], "READY", s["c0"]])
     assert [a.kind for a in info["episode"].actions] == ["caption", "stop", "final"]
     score = info["score"]
@@ -179,8 +165,8 @@ def test_zero_questions(make, rows, one):
     assert reward == r0
 
 
-def test_two_identical_questions_each_cost_c_Q(make, rows, one):
-    env, s = make(budget=4, question_cost=0.05), _script(rows[one])
+def test_two_identical_questions_each_cost_c_Q(make, sound_rows, one):
+    env, s = make(budget=4, question_cost=0.05), _script(sound_rows[one])
     actions = [s["c0"], s["ask_pitch"], s["pitch"], s["ask_pitch"], s["pitch"], "READY", s["final"]]
     seen, reward, info = _play(env, one, actions)
     u = info["utilities"]
@@ -209,8 +195,8 @@ def test_parse_composer_action(text, expected):
     assert parse_composer_action(text) == expected
 
 
-def test_malformed_actions_in_a_game(make, rows, one):
-    env, s = make(budget=4), _script(rows[one])
+def test_malformed_actions_in_a_game(make, sound_rows, one):
+    env, s = make(budget=4), _script(sound_rows[one])
     bare = s["ask_pitch"].removeprefix("ASK: ")
     seen, reward, info = _play(env, one, [s["c0"], bare, s["pitch"], "", s["final"]])
     assert seen[2]["agent"] == "instruct"
@@ -222,10 +208,10 @@ def test_malformed_actions_in_a_game(make, rows, one):
 
 
 # --- LOOP-GRPO utilities, by hand -------------------------------------------------------------
-def test_loop_utilities_of_a_scripted_game(make, rows, one):
+def test_loop_utilities_of_a_scripted_game(make, sound_rows, one):
     c_q, c_s, lam = 0.05, 0.1, 0.5
     env = make(budget=4, question_cost=c_q, stop_cost=c_s, preserve_weight=lam)
-    s = _script(rows[one])
+    s = _script(sound_rows[one])
     actions = [s["c0"], s["ask_pitch"], s["pitch"], s["ask_count"], s["count"], s["ask_kind"], s["kind"],
                "READY", s["final"]]
     seen, reward, info = _play(env, one, actions)
@@ -255,8 +241,8 @@ def test_loop_utilities_of_a_scripted_game(make, rows, one):
     assert (extras["questions"], extras["forced"], extras["malformed"]) == (3.0, 0.0, 0.0)
 
 
-def test_wrong_answer_has_negative_question_utility(make, rows, one):
-    env, s = make(budget=1), _script(rows[one])
+def test_wrong_answer_has_negative_question_utility(make, sound_rows, one):
+    env, s = make(budget=1), _script(sound_rows[one])
     seen, reward, info = _play(env, one, [s["c0"], s["ask_pitch"], s["wrong_pitch"], s["final"]])
     r_e = (1 - 1 - 0.5 - 0.5) / 4  # a conflicting pitch is −1
     r0 = (1 - 0.5 * 3) / 4
@@ -265,10 +251,10 @@ def test_wrong_answer_has_negative_question_utility(make, rows, one):
 
 
 # --- captioner and instruct modes --------------------------------------------------------------
-def test_captioner_mode_ends_after_c0(make, rows, one):
+def test_captioner_mode_ends_after_c0(make, sound_rows, one):
     env = make(mode="captioner")
     counter = env.unwrapped._examiner = CountingExaminer(RuleExaminer())
-    s = _script(rows[one])
+    s = _script(sound_rows[one])
     seen, reward, info = _play(env, one, [s["c0"]])
     assert seen[0]["agent"] == "captioner" and len(seen[0]["media"]["waveform"]) > 0
     r0 = (1 - 0.5 * 3) / 4
@@ -278,9 +264,9 @@ def test_captioner_mode_ends_after_c0(make, rows, one):
     assert len(counter.calls) == 1 and [t for t, _ in counter.calls[0]] == [s["c0"]] * 4  # only c0 is judged
 
 
-def test_harvest_then_instruct_replay(make, rows, one):
+def test_harvest_then_instruct_replay(make, sound_rows, one):
     game = make(budget=2, defer_scoring=True)
-    s = _script(rows[one])
+    s = _script(sound_rows[one])
     _, _, info = _play(game, one, [s["c0"], s["ask_pitch"], s["pitch"], s["ask_count"], s["count"], s["final"]])
     _, _, ready_first = _play(game, one, [s["c0"], "READY", s["final"]])
     items = game.unwrapped.harvest([info["episode"], ready_first["episode"]])
@@ -313,15 +299,15 @@ def test_harvest_then_instruct_replay(make, rows, one):
     assert reward == pytest.approx((1 + 1 - 0.5 + 1) / 4 - with_pitch)
 
     with pytest.raises(ValueError, match="question"):
-        make(mode="instruct")  # plain manifest rows are not harvested replay items
+        make(mode="instruct")  # plain manifest sound_rows are not harvested replay items
 
 
 # --- batched, deduplicated judging ------------------------------------------------------------
-def test_one_examiner_call_per_batch_and_each_pair_once(make, rows, one):
+def test_one_examiner_call_per_batch_and_each_pair_once(make, sound_rows, one):
     env = make(budget=2, defer_scoring=True)
     counter = env.unwrapped._examiner = CountingExaminer(RuleExaminer())
-    s = _script(rows[one])
-    other = next(i for i, r in enumerate(rows) if len(r["events"]) > 1)
+    s = _script(sound_rows[one])
+    other = next(i for i, r in enumerate(sound_rows) if len(r["events"]) > 1)
     plays = [
         (one, [s["c0"], "READY", s["final"]]),
         (one, [s["c0"], "READY", s["final"]]),  # the same rollout again
@@ -336,7 +322,7 @@ def test_one_examiner_call_per_batch_and_each_pair_once(make, rows, one):
     assert len(sent) == len(set(sent))
     ser0 = serialize_evidence(s["c0"], [])
     ser1 = serialize_evidence(s["c0"], [(s["ask_pitch"].removeprefix("ASK: "), s["pitch"])])
-    L_one, L_other = len(rows[one]["mcq"]), len(rows[other]["mcq"])
+    L_one, L_other = len(sound_rows[one]["mcq"]), len(sound_rows[other]["mcq"])
     # item `one`: c0, ser(c0) (E of games 1–2 and E^{-1} of game 3), c^F, ser(c0, q, a); item `other`: 3 texts
     assert {t for t, q in sent if q in env.unwrapped.items[one]["_questions"]} == {s["c0"], ser0, s["final"], ser1}
     assert len(sent) == 4 * L_one + 3 * L_other
@@ -347,12 +333,12 @@ def test_one_examiner_call_per_batch_and_each_pair_once(make, rows, one):
     assert len(counter.calls) == 1 + len(episodes)
 
 
-def test_items_sharing_an_id_keep_their_own_banks(make, rows, one):
+def test_items_sharing_an_id_keep_their_own_banks(make, sound_rows, one):
     loaded = make().unwrapped.items
-    other = next(i for i, r in enumerate(rows) if len(r["events"]) > 1)
+    other = next(i for i, r in enumerate(sound_rows) if len(r["events"]) > 1)
     twins = [dict(loaded[one]), {**loaded[other], "id": loaded[one]["id"]}]  # e.g. two merged datasets
     env = make(manifest=None, items=twins, budget=2, defer_scoring=True)
-    s = _script(rows[one])
+    s = _script(sound_rows[one])
     episodes = [_play(env, k, [s["c0"], "READY", s["final"]])[2]["episode"] for k in range(2)]
     batch = env.unwrapped.score(episodes)
     alone = [env.unwrapped.score([e])[0] for e in episodes]
@@ -368,9 +354,9 @@ def test_items_sharing_an_id_keep_their_own_banks(make, rows, one):
     (1, 3, ["captioner", "composer", "instruct", "composer"]),  # never more questions than K
     (4, 0, ["captioner", "composer", "composer"]),
 ])
-def test_demonstrations_replay_as_a_game(make, rows, one, budget, demo_questions, agents):
+def test_demonstrations_replay_as_a_game(make, sound_rows, one, budget, demo_questions, agents):
     env = make(budget=budget, demo_questions=demo_questions)
-    item, row = env.unwrapped.items[one], rows[one]
+    item, row = env.unwrapped.items[one], sound_rows[one]
     demos = env.unwrapped.demonstrations(item)
     assert [o["agent"] for o, _ in demos] == agents
     asked = agents.count("instruct")
@@ -391,34 +377,34 @@ def test_demonstrations_replay_as_a_game(make, rows, one, budget, demo_questions
     assert [a.kind for a in info["episode"].actions][-1] == "final"
 
 
-def test_shuffled_demonstrations_are_seeded_by_the_item_and_spread_over_events(make, rows):
+def test_shuffled_demonstrations_are_seeded_by_the_item_and_spread_over_events(make, sound_rows):
     env = make(budget=4, demo_questions=3, demo_order="shuffled").unwrapped
     asked = lambda item: [t.removeprefix("ASK : ") for o, t in env.demonstrations(item) if t.startswith("ASK")]
-    gold = {i: [q["question"] for q in rows[i]["qa"]] for i in range(len(rows))}
+    gold = {i: [q["question"] for q in sound_rows[i]["qa"]] for i in range(len(sound_rows))}
     for i, item in enumerate(env.items):
         questions = asked(item)
         assert questions == asked(item), "the same item must always show the same questions"
         assert len(questions) == min(3, len(gold[i])) and set(questions) <= set(gold[i])
     # over the items, questions about later events are demonstrated too (the manifest order never does)
-    events = {q["meta"]["event"] for i, item in enumerate(env.items) for q in rows[i]["qa"]
+    events = {q["meta"]["event"] for i, item in enumerate(env.items) for q in sound_rows[i]["qa"]
               if q["question"] in asked(item)}
     assert len(events) > 1
     with pytest.raises(ValueError, match="demo_order"):
         make(demo_order="random")
 
 
-def test_demonstration_c0_falls_back_to_the_first_gold_sentence(make, rows):
+def test_demonstration_c0_falls_back_to_the_first_gold_sentence(make, sound_rows):
     env = make()
-    index = next(i for i, r in enumerate(rows) if len(r["events"]) > 1)
+    index = next(i for i, r in enumerate(sound_rows) if len(r["events"]) > 1)
     item = {k: v for k, v in env.unwrapped.items[index].items() if k != "short_caption"}
     c0 = env.unwrapped.demonstrations(item)[0][1]
-    assert c0 == rows[index]["caption"].split(". ")[0] + "."  # "1.4 s" does not end the sentence
+    assert c0 == sound_rows[index]["caption"].split(". ")[0] + "."  # "1.4 s" does not end the sentence
 
 
 # --- bad input and inference ------------------------------------------------------------------
-def test_gold_E_in_the_mcq_bank_is_refused(make, world):
-    bad = {r["id"]: r for r in _read(world / "bad.jsonl")}
-    manifest = world / "game-gold-e.jsonl"
+def test_gold_E_in_the_mcq_bank_is_refused(make, toy_soundscapes):
+    bad = {r["id"]: r for r in read_jsonl(toy_soundscapes / "bad.jsonl")}
+    manifest = toy_soundscapes / "game-gold-e.jsonl"
     manifest.write_text(json.dumps(bad["bad-gold-e"]) + "\n", encoding="utf-8")
     with pytest.raises(ManifestError, match=r"mcq\[0\]: field 'answer' is 'E'") as caught:
         make(manifest=str(manifest))
@@ -428,9 +414,9 @@ def test_gold_E_in_the_mcq_bank_is_refused(make, world):
         make(manifest=str(manifest))
 
 
-def test_unlabelled_audio_plays_without_a_score(make, world):
+def test_unlabelled_audio_plays_without_a_score(make, toy_soundscapes):
     env = make(budget=1)
-    item = env.unwrapped.item_from_audio(str(world / "audio" / "train-0001.wav"))
+    item = env.unwrapped.item_from_audio(str(toy_soundscapes / "audio" / "train-0001.wav"))
     env.reset(options={"item": item})
     for action in ["A beep is heard.", "ASK: How loud is the beep?", "It is loud.", "A loud beep."]:
         obs, reward, terminated, _, info = env.step(action)
@@ -438,13 +424,13 @@ def test_unlabelled_audio_plays_without_a_score(make, world):
     assert info["utilities"] == [None] * 4 and info["score"].extras == {"unlabelled": 1.0}
 
 
-def test_rollout_driver_plays_and_scores_through_other_env_instances(make, rows, one):
+def test_rollout_driver_plays_and_scores_through_other_env_instances(make, sound_rows, one):
     """The driver steps a pool of envs and scores every episode with the first one (one batch)."""
     import torch
 
     from agentcap.rollout import RolloutDriver
 
-    s = _script(rows[one])
+    s = _script(sound_rows[one])
 
     class Scripted:
         def __init__(self, replies):

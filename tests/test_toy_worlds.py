@@ -7,40 +7,25 @@ says) would make every later result meaningless.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import subprocess
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 import soundfile
 
+from conftest import load_tool, read_jsonl
+
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-movie_world = _load("make_toy_movie")
-sound_world = _load("make_toy_soundscapes")
+movie_world = load_tool("make_toy_movie")
+sound_world = load_tool("make_toy_soundscapes")
 
 SMALL_MOVIE = ["--train-movies", "3", "--val-movies", "1", "--test-movies", "1",
                "--clips-per-movie", "12", "--corpus-movies", "5"]
 SMALL_SOUND = ["--train", "12", "--val", "4", "--test", "4"]
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -79,7 +64,7 @@ def test_movie_is_deterministic(movie_dir: Path, tmp_path: Path) -> None:
 def test_movie_rows_schema(movie_dir: Path) -> None:
     seen_movies: dict[str, str] = {}
     for split, movies in (("train", 3), ("val", 1), ("test", 1)):
-        rows = _read_jsonl(movie_dir / f"{split}.jsonl")
+        rows = read_jsonl(movie_dir / f"{split}.jsonl")
         assert len(rows) == movies * 12
         for row in rows:
             assert set(row) == {"id", "movie", "position", "duration", "features", "characters",
@@ -103,7 +88,7 @@ def test_movie_rows_schema(movie_dir: Path) -> None:
 def test_movie_context_is_previous_ads_of_same_movie(movie_dir: Path) -> None:
     for split in ("train", "val", "test"):
         by_movie: dict[str, list[dict]] = defaultdict(list)
-        for row in _read_jsonl(movie_dir / f"{split}.jsonl"):
+        for row in read_jsonl(movie_dir / f"{split}.jsonl"):
             by_movie[row["movie"]].append(row)
         for rows in by_movie.values():
             rows.sort(key=lambda r: r["position"])
@@ -117,7 +102,7 @@ def test_movie_context_is_previous_ads_of_same_movie(movie_dir: Path) -> None:
 
 def test_movie_story_is_coherent(movie_dir: Path) -> None:
     """Objects keep their colour within a movie and neighbouring clips share people or things."""
-    rows = _read_jsonl(movie_dir / "train.jsonl")
+    rows = read_jsonl(movie_dir / "train.jsonl")
     colours: dict[tuple[str, str], set[str]] = defaultdict(set)
     shared = 0
     for before, after in zip(rows, rows[1:]):
@@ -133,7 +118,7 @@ def test_movie_story_is_coherent(movie_dir: Path) -> None:
 
 def test_movie_features_encode_content(movie_dir: Path) -> None:
     codebook = movie_world.Codebook(0, 32)
-    for row in _read_jsonl(movie_dir / "train.jsonl"):
+    for row in read_jsonl(movie_dir / "train.jsonl"):
         mean = np.load(movie_dir / row["features"]).mean(axis=0)
         truth = {"character": row["characters"][0], "action": row["meta"]["action"],
                  "object": row["meta"]["object"], "colour": row["meta"]["colour"]}
@@ -144,10 +129,10 @@ def test_movie_features_encode_content(movie_dir: Path) -> None:
 
 
 def test_movie_corpus_and_texts(movie_dir: Path) -> None:
-    corpus = _read_jsonl(movie_dir / "corpus.jsonl")
+    corpus = read_jsonl(movie_dir / "corpus.jsonl")
     assert len(corpus) == 5 * 11
     assert all(1 <= len(r["context"]) <= 3 and isinstance(r["ad"], str) for r in corpus)
-    held_out = {r["ad"] for s in ("val", "test") for r in _read_jsonl(movie_dir / f"{s}.jsonl")}
+    held_out = {r["ad"] for s in ("val", "test") for r in read_jsonl(movie_dir / f"{s}.jsonl")}
     texts = set((movie_dir / "texts.txt").read_text(encoding="utf-8").splitlines())
     assert {r["ad"] for r in corpus} <= texts and held_out <= texts
 
@@ -168,7 +153,7 @@ def test_soundscapes_are_deterministic(sound_dir: Path, tmp_path: Path) -> None:
 
 
 def _sound_rows(root: Path) -> list[dict]:
-    return [row for s in ("train", "val", "test") for row in _read_jsonl(root / f"{s}.jsonl")]
+    return [row for s in ("train", "val", "test") for row in read_jsonl(root / f"{s}.jsonl")]
 
 
 def _gold_text(event: dict, attribute: str) -> str:
@@ -254,7 +239,7 @@ def test_texts_cover_every_string(sound_dir: Path) -> None:
 def test_bad_examples(sound_dir: Path, tmp_path: Path) -> None:
     path = sound_world.write_bad_examples(tmp_path)
     assert path == tmp_path / "bad.jsonl"
-    rows = {row["id"]: row for row in _read_jsonl(path)}
+    rows = {row["id"]: row for row in read_jsonl(path)}
     assert list(rows) == ["bad-missing", "bad-empty", "bad-corrupt", "bad-gold-e", "bad-gold-z",
                           "bad-valid"]
     assert not (tmp_path / rows["bad-missing"]["audio"]).exists()
@@ -268,7 +253,7 @@ def test_bad_examples(sound_dir: Path, tmp_path: Path) -> None:
     assert valid["broken"] is None and all(r["broken"] for k, r in rows.items() if k != "bad-valid")
     assert all(item["answer"] in "ABCD" for item in valid["cloze"] + valid["mcq"])
     reference, _ = soundfile.read(str(tmp_path / valid["audio"]))
-    for row in _read_jsonl(tmp_path / "formats.jsonl"):
+    for row in read_jsonl(tmp_path / "formats.jsonl"):
         wave, rate = soundfile.read(str(tmp_path / row["audio"]))
         assert rate == 16000 and wave.shape == reference.shape
     flac, _ = soundfile.read(str(tmp_path / "audio" / "bad-valid.flac"))
@@ -278,8 +263,8 @@ def test_bad_examples(sound_dir: Path, tmp_path: Path) -> None:
 
 def test_soundscape_defaults_fit_budget(tmp_path: Path) -> None:
     counts = sound_world.main(["--out", str(tmp_path)])
-    assert (counts["train"], counts["val"], counts["test"]) == (120, 30, 30)
-    assert _size(tmp_path) < 30e6
+    assert (counts["train"], counts["val"], counts["test"]) == (600, 30, 60)
+    assert _size(tmp_path) < 120e6  # 16-bit mono wav, about 100 MB for the demo world
     durations = [row["duration"] for row in _sound_rows(tmp_path)]
     assert min(durations) == 2.0 and max(durations) >= 7.5  # room for a duration curriculum
     assert sum(d <= 3.0 for d in durations) > 0.25 * len(durations)
