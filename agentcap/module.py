@@ -25,6 +25,7 @@ import copy
 import json
 import math
 import os
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -222,7 +223,27 @@ class GRPOModule(L.LightningModule):
             "stages": [stage.name for stage in self.schedule.stages],
             "optimizer": None if self._optimizer is None else self._optimizer.state_dict(),
             "reference": None if self._reference is None else self._reference.state_dict(),
+            "replay": self._replay_state(),
         }
+
+    def _replay_state(self) -> str | None:
+        """The active stage's harvested Instruct items, every rank's, as JSON (rank 0 writes the file).
+
+        A resumed stage must replay the same prompts: harvesting again would roll out a partly
+        trained Instruct at another tick and give other histories.
+        """
+        if self._stage_index is None:
+            return None
+        items = self._replay.get(self.schedule.stages[self._stage_index].name)
+        if items is None:
+            return None
+        _, world = self.world
+        gathered: list[Any] = [items]
+        if world > 1:  # every rank checkpoints at the same tick, so the collective is matched
+            gathered = [None] * world
+            dist.all_gather_object(gathered, items)
+        clean = [[{k: v for k, v in item.items() if not k.startswith("_questions")} for item in rank] for rank in gathered]
+        return json.dumps(clean)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("agentcap")
@@ -278,7 +299,21 @@ class GRPOModule(L.LightningModule):
         self._stage_index = index
         self._assert_one_trainable()
         if stage.harvest is not None:
-            self._harvest(stage)
+            saved = restored.get("replay") if restored is not None and restored.get("stage_index") == index else None
+            if saved:
+                self._restore_replay(stage, json.loads(saved))
+            else:
+                self._harvest(stage)
+
+    def _restore_replay(self, stage: Stage, ranks: list[list[dict[str, Any]]]) -> None:
+        """This rank's share of a checkpointed harvest; re-split when the number of processes changed."""
+        rank, world = self.world
+        self._replay[stage.name] = ranks[rank] if len(ranks) == world else [i for r in ranks for i in r][rank::world]
+        self._drivers = {k: v for k, v in self._drivers.items() if k[0] != stage.name}
+        if rank == 0:
+            total = sum(len(r) for r in ranks)
+            print(f"agentcap: {stage.name}: replaying the {total} Instruct items harvested before the checkpoint",
+                  file=sys.stderr)
 
     @torch.no_grad()
     def _harvest(self, stage: Stage) -> None:

@@ -83,3 +83,46 @@ def test_algorithm_1_runs_every_stage_and_captions(tmp_path, toy_soundscapes):
         assert agents[0] == "captioner" and agents[-1] == "composer"
         assert row["trace"][-1]["kind"] == "final" and row["caption"] == row["trace"][-1]["text"]
     assert "captioner/caption" in result.stdout  # the evidence trace is printed
+
+
+def test_a_run_killed_inside_an_instruct_stage_replays_the_same_harvest(tmp_path, toy_soundscapes):
+    """Resuming mid-stage must not harvest again: a partly trained Instruct at another tick would give
+    other histories, so the stage would train on prompts it never started with."""
+    import signal
+    import time
+
+    import torch
+
+    config = acecap_config(tmp_path / "run", toy_soundscapes)
+    spec = yaml.safe_load(config.read_text())
+    spec["model"]["stages"] = [
+        {"name": "sft_composer", "kind": "sft", "agent": "composer", "steps": 2},
+        {"name": "instruct_grpo", "kind": "grpo", "agent": "instruct", "steps": 30, "env": {"mode": "instruct"},
+         "harvest": {"mode": "game"}, "harvest_items": 4},
+    ]
+    config.write_text(yaml.safe_dump(spec, sort_keys=False))
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen([sys.executable, "-m", "agentcap.cli", "fit", "--config", str(config), "--checkpoint_every", "1"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    saved, deadline = None, time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt.exists():
+            state = torch.load(ckpt, map_location="cpu", weights_only=True)["agentcap"]
+            if state["stage_index"] == 1 and 2 < state["tick"] < 30:
+                saved = state
+                break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert saved is not None and saved["replay"], "no checkpoint inside the Instruct stage before the kill"
+    harvested = json.loads(saved["replay"])
+    assert len(harvested) == 1 and harvested[0] and all("question" in item for item in harvested[0])
+
+    result = run("fit", "--config", str(config), "--checkpoint_every", "1")
+    assert result.returncode == 0, result.stderr[-4000:]
+    total = len(harvested[0])
+    assert f"instruct_grpo: replaying the {total} Instruct items harvested before the checkpoint" in result.stderr
+    final = torch.load(ckpt, map_location="cpu", weights_only=True)["agentcap"]
+    assert final["tick"] == 32
+    assert json.loads(final["replay"]) == harvested
