@@ -330,7 +330,7 @@ class GRPOModule(L.LightningModule):
             raise RuntimeError(f"stage {stage.name!r}: the harvest produced no items (no questions asked?)")
         self._replay[stage.name] = items
         self._drivers = {k: v for k, v in self._drivers.items() if k[0] != stage.name}
-        self.log("harvest/items", float(len(items)))
+        self._emit({"harvest/items": float(len(items))})
 
     def _assert_one_trainable(self) -> None:
         with_grad = {a.name for a in self.agents.values() if any(p.requires_grad for p in a.parameters())}
@@ -500,8 +500,9 @@ class GRPOModule(L.LightningModule):
         torch.nn.utils.clip_grad_norm_([p for p in agent.parameters() if p.requires_grad], self.max_grad_norm)
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
-        self.log(f"loss/{agent.name}/sft", loss.detach() * self.world[1] / max(self.world[1], 1), prog_bar=True)
-        self.log("stage", float(self._stage_index or 0))
+        value = float(loss.detach()) * self.world[1]  # this rank's share of the global token mean, rescaled
+        self.log(f"loss/{agent.name}/sft", value, prog_bar=True, logger=False)
+        self._emit({f"loss/{agent.name}/sft": value, "stage": float(self._stage_index or 0)})
 
     # --- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -533,8 +534,7 @@ class GRPOModule(L.LightningModule):
             metric = metrics.setdefault(k, MeanMetric().to(self.device))
             result[k] = float(metric.compute()) if metric.update_called or world > 1 else float("nan")
         self.summary[stage.name] = result
-        for k, v in result.items():
-            self.log(f"eval/{stage.name}/{k}", v, rank_zero_only=True, batch_size=1)
+        self._emit({f"eval/{stage.name}/{k}": v for k, v in result.items()})
         if rank == 0:
             self.write_summary()
         return result
@@ -553,6 +553,25 @@ class GRPOModule(L.LightningModule):
         return path
 
     # --- logging ------------------------------------------------------------------------------
+    def _emit(self, metrics: dict[str, float], mean_over_ranks: Sequence[str] = ()) -> None:
+        """Send this tick's metrics to every logger, at step = tick.
+
+        Not ``self.log``: Lightning keeps a key's last value until the epoch ends, and a whole
+        schedule is one epoch, so an earlier stage's metrics (the Captioner's SFT loss, the
+        Composer's generate calls) would be logged again at every later step. Keys in
+        ``mean_over_ranks`` are averaged over processes (every rank logs the same keys).
+        """
+        metrics = dict(metrics)
+        rank, world = self.world
+        if world > 1 and mean_over_ranks:
+            keys = sorted(mean_over_ranks)
+            values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
+            dist.all_reduce(values)
+            metrics.update(zip(keys, (values / world).tolist()))
+        if rank == 0:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=self.tick)
+
     def _log_rollout(
         self, stage: Stage, step: int, batch: RolloutBatch, spans: Sequence[Span], stats: dict[str, float]
     ) -> None:
@@ -562,31 +581,32 @@ class GRPOModule(L.LightningModule):
             components["total"].append(score.reward)
             for k, v in score.components.items():
                 components[k].append(v)
-        for k, values in components.items():
-            self.log(f"reward/{k}", float(np.mean(values)), sync_dist=self.world[1] > 1, prog_bar=k == "total")
+        metrics = {f"reward/{k}": float(np.mean(values)) for k, values in components.items()}
+        self.log("reward/total", metrics["reward/total"], prog_bar=True, logger=False)
         extras: dict[str, list[float]] = defaultdict(list)
         for score in batch.scores:
             for k, v in score.extras.items():
                 if isinstance(v, (int, float)):
                     extras[k].append(float(v))
         for k, values in extras.items():  # e.g. questions per episode, forced-finalisation rate
-            self.log(f"episode/{k}", float(np.nanmean(values)))
+            metrics[f"episode/{k}"] = float(np.nanmean(values))
         for k, v in stats.items():
-            self.log(f"loss/{name}/{k}", v)
+            metrics[f"loss/{name}/{k}"] = float(v)
         if spans:
-            self.log(f"rollout/{name}/response_length", float(np.mean([s.completion_ids.numel() for s in spans])))
-        self.log("rollout/turns", float(np.mean(batch.turns)))
+            metrics[f"rollout/{name}/response_length"] = float(np.mean([s.completion_ids.numel() for s in spans]))
+        metrics["rollout/turns"] = float(np.mean(batch.turns))
         for agent, calls in batch.generate_calls.items():
-            self.log(f"rollout/{agent}/generate_calls", float(calls))
+            metrics[f"rollout/{agent}/generate_calls"] = float(calls)
         by_kind: dict[str, list[float]] = defaultdict(list)
         for s in spans:
             by_kind[s.kind].append(float(s.utility))
         for kind, values in by_kind.items():
-            self.log(f"utility/{kind}/mean", float(np.mean(values)))
-            self.log(f"utility/{kind}/std", float(np.std(values)))
-        self.log("stage", float(self._stage_index or 0))
+            metrics[f"utility/{kind}/mean"] = float(np.mean(values))
+            metrics[f"utility/{kind}/std"] = float(np.std(values))
+        metrics["stage"] = float(self._stage_index or 0)
         for split, count in self.skipped_rows.items():
-            self.log(f"data/{split}/skipped_rows", float(count))
+            metrics[f"data/{split}/skipped_rows"] = float(count)
+        self._emit(metrics, mean_over_ranks=[k for k in metrics if k.startswith("reward/")])
         if step % max(self.sample_every, 1) == 0:  # the first step of every stage, then every N
             self.samples = [
                 {

@@ -48,6 +48,15 @@ def test_fit_runs_the_schedule_and_prints_the_summary_last(tmp_path, toy_movie, 
         assert name in metrics, name
     samples = (tmp_path / "run" / "samples.jsonl").read_text().splitlines()
     assert samples and {"prompt", "response", "reward", "advantage"} <= set(json.loads(samples[0]))
+    # one row per tick, and a stage's metrics only on its own ticks: the SFT loss is not logged again
+    # during GRPO, nor the GRPO reward after it (Lightning's self.log would repeat both)
+    import csv
+
+    rows = list(csv.DictReader(next((tmp_path / "run").rglob("metrics.csv")).open()))
+    sft = [int(r["step"]) for r in rows if r.get("loss/policy/sft")]
+    grpo = [int(r["step"]) for r in rows if r.get("reward/total")]
+    assert sft == list(range(6)) and grpo == [7, 8, 9]
+    assert [int(r["step"]) for r in rows if r.get("eval/before_grpo/reward")] == [6]
 
 
 def test_wandb_offline_logger_works(tmp_path, toy_movie, make_read_config):
