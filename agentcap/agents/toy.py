@@ -100,11 +100,10 @@ class ToyMediaLM(nn.Module):
         # the mel front end runs per clip (its edge padding must not see a neighbour's zeros); the
         # encoder runs on the zero-padded batch, which equals per-clip zero padding of its convolutions
         mels = [self.log_mel(torch.as_tensor(m["waveform"], dtype=torch.float32, device=device)) for m in media]
-        stride = self.stride
         batch = nn.utils.rnn.pad_sequence(mels, batch_first=True).transpose(1, 2)  # [B, n_mels, frames]
         z = self.encoder(batch).transpose(1, 2)[:, : self.frame_position.num_embeddings]  # [B, P, H]
         z = self.frame_norm(z) + self.frame_position(torch.arange(z.shape[1], device=device))
-        return [z[i, : max(1, min(z.shape[1], m.shape[0] // stride))] for i, m in enumerate(mels)]
+        return [z[i, : max(1, min(z.shape[1], m.shape[0] // self.stride))] for i, m in enumerate(mels)]
 
     def log_mel(self, waveform: torch.Tensor) -> torch.Tensor:
         """[frames, n_mels] log-mel, shifted and scaled to about zero mean and unit spread.
