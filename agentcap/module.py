@@ -308,8 +308,7 @@ class GRPOModule(L.LightningModule):
     def _restore_replay(self, stage: Stage, ranks: list[list[dict[str, Any]]]) -> None:
         """This rank's share of a checkpointed harvest; re-split when the number of processes changed."""
         rank, world = self.world
-        self._replay[stage.name] = ranks[rank] if len(ranks) == world else [i for r in ranks for i in r][rank::world]
-        self._drivers = {k: v for k, v in self._drivers.items() if k[0] != stage.name}
+        self._use_replay(stage, ranks[rank] if len(ranks) == world else [i for r in ranks for i in r][rank::world])
         if rank == 0:
             total = sum(len(r) for r in ranks)
             print(f"agentcap: {stage.name}: replaying the {total} Instruct items harvested before the checkpoint",
@@ -328,9 +327,13 @@ class GRPOModule(L.LightningModule):
         items = driver.scorer.unwrapped.harvest(batch.episodes)
         if not items:
             raise RuntimeError(f"stage {stage.name!r}: the harvest produced no items (no questions asked?)")
+        self._use_replay(stage, items)
+        self._emit({"harvest/items": float(len(items))})
+
+    def _use_replay(self, stage: Stage, items: list[dict[str, Any]]) -> None:
+        """The stage's training items from now on; its cached driver (built on older items) is dropped."""
         self._replay[stage.name] = items
         self._drivers = {k: v for k, v in self._drivers.items() if k[0] != stage.name}
-        self._emit({"harvest/items": float(len(items))})
 
     def _assert_one_trainable(self) -> None:
         with_grad = {a.name for a in self.agents.values() if any(p.requires_grad for p in a.parameters())}
@@ -463,11 +466,15 @@ class GRPOModule(L.LightningModule):
             agent.family.model = live
 
     def _global_sum(self, value: float) -> float:
+        return self._global_sums([value])[0]
+
+    def _global_sums(self, values: Sequence[float]) -> list[float]:
+        """Element-wise sums over ranks, in one all-reduce."""
         if self.world[1] == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+            return list(values)
+        t = torch.tensor(list(values), dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
-        return float(t)
+        return t.tolist()
 
     def _sync_gradients(self, agent: Agent) -> None:
         """Sum gradients over ranks: the loss weights are already globally normalised."""
@@ -565,9 +572,7 @@ class GRPOModule(L.LightningModule):
         rank, world = self.world
         if world > 1 and mean_over_ranks:
             keys = sorted(mean_over_ranks)
-            values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=self.device)
-            dist.all_reduce(values)
-            metrics.update(zip(keys, (values / world).tolist()))
+            metrics.update((k, total / world) for k, total in zip(keys, self._global_sums([metrics[k] for k in keys])))
         if rank == 0:
             for logger in self.loggers:
                 logger.log_metrics(metrics, step=self.tick)

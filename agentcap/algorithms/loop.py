@@ -50,9 +50,9 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from agentcap.algorithms.grpo import clipped_objective, token_weights
-from torch import Tensor
 
 __all__ = [
     "EVIDENCE_PREAMBLE",

@@ -13,7 +13,6 @@ documented there.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 
