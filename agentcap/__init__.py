@@ -12,7 +12,7 @@ from agentcap.episode import Action, Episode, Score
 
 _LAZY = {
     "GRPOModule": "agentcap.module",
-    "EnvSpec": "agentcap.module",
+    "EnvSpec": "agentcap.splits",
     "Stage": "agentcap.schedule",
     "Agent": "agentcap.agents",
     "AgentConfig": "agentcap.agents",

@@ -17,6 +17,19 @@ from typing import Any
 import torch
 
 
+def write_predictions(run_dir: str, rows: list[dict[str, Any]]) -> str:
+    """``<run_dir>/predictions.jsonl`` (``predictions.rank<R>.jsonl`` per process under data parallel)."""
+    from agentcap.distributed import world
+
+    rank, size = world()
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, "predictions.jsonl" if size == 1 else f"predictions.rank{rank}.jsonl")
+    with open(path, "w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row) + "\n")
+    return path
+
+
 def load_module(config: str, checkpoint: str | None):
     """Build the GRPOModule a training config describes and load a checkpoint's weights into it."""
     import yaml

@@ -86,3 +86,12 @@ class Schedule:
             raise IndexError(f"tick {tick} outside the schedule (0..{self.total - 1})")
         index = max(i for i, start in enumerate(self.starts) if start <= tick)
         return index, tick - self.starts[index]
+
+    def check_resumable(self, names: Sequence[str] | None, run_dir: str) -> None:
+        """A checkpoint's stage names must be this schedule's: ticks mean nothing in another one."""
+        ours = [stage.name for stage in self.stages]
+        if names is not None and list(names) != ours:
+            raise ValueError(
+                f"the checkpoint in {run_dir} was written by another schedule (stages {list(names)}, "
+                f"now {ours}); resume with the same stages, or start a new --model.run_dir"
+            )

@@ -9,7 +9,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from agentcap.algorithms.loop import LoopConfig, composer_utilities, evidence_states, serialize_evidence
+from agentcap.rewards.evidence import LoopConfig, composer_utilities, evidence_states, serialize_evidence
 from agentcap.data import ManifestError, check_audio, load_audio, resolve
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score

@@ -19,7 +19,7 @@ import pytest
 from conftest import load_tool, read_jsonl
 
 import agentcap  # noqa: F401  (registers the environments)
-from agentcap.algorithms.loop import serialize_evidence
+from agentcap.rewards.evidence import serialize_evidence
 from agentcap.data import ManifestError
 from agentcap.judges.examiner import RuleExaminer
 from agentcap_envs.evidence_game import PROMPTS, parse_composer_action
@@ -467,7 +467,7 @@ def test_rollout_driver_plays_and_scores_through_other_env_instances(make, sound
 
 def test_rule_examiner_does_not_read_questions_as_evidence():
     """A question that names an attribute value is not a claim (ACE-Cap: questions are non-assertive)."""
-    from agentcap.algorithms.loop import serialize_evidence
+    from agentcap.rewards.evidence import serialize_evidence
     from agentcap.judges.examiner import Question, RuleExaminer
 
     question = Question("How loud is the buzz?", ("very soft", "soft", "loud", "very loud", "Not given"), "C",

@@ -158,3 +158,48 @@ def test_sft_logprobs_ignore_the_sampling_temperature(two_agents):
     tempered = policy.completion_logprobs(inputs, completion, mask)
     assert not torch.allclose(at_one, tempered)
     torch.testing.assert_close(policy.completion_logprobs(inputs, completion, mask, temperature=1.0), at_one)
+
+
+# --- precision (each of these failed before the fix) --------------------------------------------
+def test_an_all_equal_float64_group_gets_exactly_zero():
+    rewards = torch.tensor([0.7] * 3 + [0.1, 0.3], dtype=torch.float64)
+    advantages = group_advantages(rewards, [0, 0, 0, 1, 1])
+    assert advantages[:3].tolist() == [0.0, 0.0, 0.0]  # std of three 0.7s is ~1e-17, not 0
+    assert advantages[3:].tolist() == pytest.approx([-1.0, 1.0], abs=1e-5)
+
+
+def test_unbiased_std_matches_trl():
+    rewards = torch.tensor([0.0, 1.0, 3.0, 2.0, 2.0, 5.0], dtype=torch.float64)
+    groups = [0, 0, 0, 1, 1, 1]
+    got = group_advantages(rewards, groups, eps=1e-4, std="unbiased")
+    # TRL's GRPO: (r - mean) / (std(unbiased) + 1e-4) per group of G
+    grouped = rewards.view(2, 3)
+    trl = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).flatten()
+    assert torch.allclose(got, trl, rtol=0, atol=1e-15)
+    from agentcap.algorithms.loop import normalize_by_type
+
+    loop = normalize_by_type(rewards.tolist(), ["a"] * 6, groups, 1e-4, std="unbiased")
+    assert torch.allclose(loop, trl, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("mode", ["token", "sequence"])
+def test_float64_logprobs_give_a_float64_loss(mode):
+    g = torch.Generator().manual_seed(0)
+    logprobs = -torch.rand(3, 5, generator=g, dtype=torch.float64)
+    old = logprobs + 0.01 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    advantages = torch.tensor([0.3, -1.1, 0.7], dtype=torch.float64)
+    weights = token_weights(mask, mode=mode, dtype=logprobs.dtype)
+    assert weights.dtype == torch.float64
+    out = clipped_objective(logprobs, old, advantages, mask, weights=weights)
+    ratio = torch.exp(logprobs - old)
+    surrogate = torch.minimum(ratio * advantages[:, None], ratio.clamp(0.8, 1.2) * advantages[:, None])
+    m = mask.double()
+    if mode == "token":
+        expected = -(surrogate * m).sum() / m.sum()
+    else:
+        expected = -((surrogate * m).sum(1) / m.sum(1)).mean()
+    assert out["loss"].dtype == torch.float64
+    assert abs(float(out["loss"] - expected)) < 1e-15
+    default = clipped_objective(logprobs, old, advantages, mask)  # default weights follow the log-probs too
+    assert default["loss"].dtype == torch.float64

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from agentcap.algorithms.loop import (
+from agentcap.algorithms.loop import loop_loss, normalize_by_type, token_advantages
+from agentcap.rewards.evidence import (
     ANSWER_LABEL,
     EVIDENCE_PREAMBLE,
     INITIAL_CAPTION_LABEL,
@@ -17,11 +18,8 @@ from agentcap.algorithms.loop import (
     composer_utilities,
     evidence_states,
     instruct_utilities,
-    loop_loss,
-    normalize_by_type,
     sequential_differences,
     serialize_evidence,
-    token_advantages,
 )
 
 # A state-determined toy judge standing in for R_G (Eq. 3): every gold fact is a keyword; a fact

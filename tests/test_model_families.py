@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from agentcap.agents import AgentConfig, build_agent
 from agentcap.agents.agent import pad_right
-from agentcap.agents.tiny import TINY_KINDS, build_tiny, tiny_agent
+from agentcap.agents import tiny_agent
+from agentcap.agents.tiny import TINY_KINDS, build_tiny
 from agentcap.algorithms.grpo import clipped_objective
 
 VISION = ("qwen2_vl", "qwen3_vl")

@@ -229,3 +229,25 @@ def test_metric_holds_an_llm_examiner_without_its_weights():
                          intermediate_size=32, vocab_size=len(tokenizer))
     metric = EvidenceSufficiency(LLMExaminer(LlamaForCausalLM(config), tokenizer))
     assert list(metric.parameters()) == [] and set(metric.state_dict()) <= {"total", "count"}
+
+
+# --- precision (each failed before the fix: float32 results, a float64 default dtype crashed) -------
+def test_functional_rewards_are_float64_exact():
+    scores = answer_scores(["A", "E", "B"], ["A", "A", "A"])
+    assert scores.dtype == torch.float64 and scores.tolist() == [1.0, -0.5, -1.0]
+    locator = ScriptedLocator({("c", "e1"): (0.0, 0.3), ("c", "e2"): (0.0, 1.0)})
+    ectr = event_temporal_reward(["c"], [[{"event": "e1", "start": 0, "end": 1}, {"event": "e2", "start": 0, "end": 1}]], locator)
+    assert ectr.dtype == torch.float64 and ectr.item() == (0.3 + 1.0) / 2
+    length = length_reward(["a b c d e f g h i j k"], ["one two three four five six seven eight"])
+    assert length.dtype == torch.float64
+
+
+def test_event_temporal_reward_under_a_float64_default_dtype():
+    locator = ScriptedLocator({("c", "e"): (0.0, 0.5)})
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        rewards = event_temporal_reward(["c"], [[{"event": "e", "start": 0, "end": 1}]], locator)
+    finally:
+        torch.set_default_dtype(previous)
+    assert rewards.tolist() == [0.5]

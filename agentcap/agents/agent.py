@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from agentcap.agents.families import FAMILIES, Family, Observation
+from agentcap.agents.tiny import CAUSAL_KINDS, build_tiny
 
 
 @dataclass
@@ -237,8 +238,6 @@ def build_agent(
         model, family = ToyMediaLM(ToyConfig(**toy)), "toy"
     elif config.tiny is not None and "kind" in config.tiny:
         # a preset of agentcap.agents.tiny: a real architecture class with its real processor
-        from agentcap.agents.tiny import build_tiny
-
         spec = dict(config.tiny)
         parts = build_tiny(spec.pop("kind"), tokenizer=tokenizer, texts=extra_texts, **spec)
         model, tokenizer, processor = parts.model, parts.tokenizer, parts.processor
@@ -353,3 +352,48 @@ def _guess_family(hf_config) -> str:
     if "audio" in kind or "omni" in kind:
         return "audio"
     return "causal_lm"
+
+
+# --- tiny agents of the real architecture classes (tests, examples) --------------------------
+def tiny_agent(kind: str, name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any):
+    """An :class:`agentcap.agents.Agent` around :func:`build_tiny` (frozen until ``set_trainable``)."""
+    parts = build_tiny(kind, texts=texts, seed=seed)
+    agent_kwargs.setdefault("max_new_tokens", 8)
+    return Agent(name, parts.model, parts.tokenizer, family=parts.family, processor=parts.processor, **agent_kwargs)
+
+
+def tiny_causal_lm(
+    kind: str = "qwen2", name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any
+):
+    """A tiny Qwen2 / Qwen3 / Llama / GPT-2 agent (text only)."""
+    if kind not in CAUSAL_KINDS:
+        raise ValueError(f"unknown causal LM kind {kind!r}; one of {CAUSAL_KINDS}")
+    return tiny_agent(kind, name, texts, seed, **agent_kwargs)
+
+
+def tiny_qwen2_vl(
+    name: str = "policy", texts: Sequence[str] = (), seed: int = 0, frames_as: str = "video", **agent_kwargs: Any
+):
+    """A tiny ``Qwen2VLForConditionalGeneration`` agent with a real ``Qwen2VLProcessor``."""
+    agent = tiny_agent("qwen2_vl", name, texts, seed, **agent_kwargs)
+    agent.family.frames_as = frames_as
+    return agent
+
+
+def tiny_qwen3_vl(
+    name: str = "policy", texts: Sequence[str] = (), seed: int = 0, frames_as: str = "video", **agent_kwargs: Any
+):
+    """A tiny ``Qwen3VLForConditionalGeneration`` agent with a real ``Qwen3VLProcessor``."""
+    agent = tiny_agent("qwen3_vl", name, texts, seed, **agent_kwargs)
+    agent.family.frames_as = frames_as
+    return agent
+
+
+def tiny_qwen2_audio(name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any):
+    """A tiny ``Qwen2AudioForConditionalGeneration`` agent with a real ``Qwen2AudioProcessor``."""
+    return tiny_agent("qwen2_audio", name, texts, seed, **agent_kwargs)
+
+
+def tiny_qwen25_omni_thinker(name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any):
+    """A tiny ``Qwen2_5OmniThinkerForConditionalGeneration`` agent with a real ``Qwen2_5OmniProcessor``."""
+    return tiny_agent("qwen2_5_omni_thinker", name, texts, seed, **agent_kwargs)

@@ -7,9 +7,9 @@ word-level tokenizer that has the model's special tokens, with the token ids wri
 model config. Every code path (chat template, placeholder expansion, M-RoPE, feature extraction,
 generate) is therefore the one a pretrained checkpoint takes; only the weights are random.
 
-``build_tiny(kind, …)`` gives the parts; ``tiny_qwen2_vl()`` and friends give a ready
-:class:`agentcap.agents.Agent`. ``AgentConfig(tiny={"kind": "qwen2_vl"})`` goes through
-``build_tiny`` too.
+``build_tiny(kind, …)`` gives the parts (this module knows nothing of agents);
+``agentcap.agents.tiny_agent(kind)`` wraps them in a ready :class:`agentcap.agents.Agent`, and
+``AgentConfig(tiny={"kind": "qwen2_vl"})`` goes through ``build_tiny`` too.
 """
 
 from __future__ import annotations
@@ -320,49 +320,3 @@ def build_tiny(
     if kind not in MULTIMODAL_BUILDERS:
         raise ValueError(f"unknown tiny model kind {kind!r}; one of {TINY_KINDS}")
     return MULTIMODAL_BUILDERS[kind](tokenizer, text, seed)
-
-
-def tiny_agent(kind: str, name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any):
-    """An :class:`agentcap.agents.Agent` around :func:`build_tiny` (frozen until ``set_trainable``)."""
-    from agentcap.agents.agent import Agent
-
-    parts = build_tiny(kind, texts=texts, seed=seed)
-    agent_kwargs.setdefault("max_new_tokens", 8)
-    return Agent(name, parts.model, parts.tokenizer, family=parts.family, processor=parts.processor, **agent_kwargs)
-
-
-def tiny_causal_lm(
-    kind: str = "qwen2", name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any
-):
-    """A tiny Qwen2 / Qwen3 / Llama / GPT-2 agent (text only)."""
-    if kind not in CAUSAL_KINDS:
-        raise ValueError(f"unknown causal LM kind {kind!r}; one of {CAUSAL_KINDS}")
-    return tiny_agent(kind, name, texts, seed, **agent_kwargs)
-
-
-def tiny_qwen2_vl(
-    name: str = "policy", texts: Sequence[str] = (), seed: int = 0, frames_as: str = "video", **agent_kwargs: Any
-):
-    """A tiny ``Qwen2VLForConditionalGeneration`` agent with a real ``Qwen2VLProcessor``."""
-    agent = tiny_agent("qwen2_vl", name, texts, seed, **agent_kwargs)
-    agent.family.frames_as = frames_as
-    return agent
-
-
-def tiny_qwen3_vl(
-    name: str = "policy", texts: Sequence[str] = (), seed: int = 0, frames_as: str = "video", **agent_kwargs: Any
-):
-    """A tiny ``Qwen3VLForConditionalGeneration`` agent with a real ``Qwen3VLProcessor``."""
-    agent = tiny_agent("qwen3_vl", name, texts, seed, **agent_kwargs)
-    agent.family.frames_as = frames_as
-    return agent
-
-
-def tiny_qwen2_audio(name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any):
-    """A tiny ``Qwen2AudioForConditionalGeneration`` agent with a real ``Qwen2AudioProcessor``."""
-    return tiny_agent("qwen2_audio", name, texts, seed, **agent_kwargs)
-
-
-def tiny_qwen25_omni_thinker(name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any):
-    """A tiny ``Qwen2_5OmniThinkerForConditionalGeneration`` agent with a real ``Qwen2_5OmniProcessor``."""
-    return tiny_agent("qwen2_5_omni_thinker", name, texts, seed, **agent_kwargs)

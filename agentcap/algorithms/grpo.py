@@ -2,8 +2,9 @@
 
 Follows READ Eq. 1–2 and AudioMap Eq. 1. Departures, and why:
 
-1. Advantages divide by ``std + eps`` (AudioMap's δ) with the population std; a group whose
-   rewards are all equal gets exactly zero advantage (never NaN), as with READ Eq. 1 in the limit.
+1. Advantages divide by ``std + eps`` (AudioMap's δ) with the population std (``std="unbiased"``
+   and eps 1e-4 match TRL); a group whose rewards are all equal gets exactly zero advantage
+   (never NaN), as with READ Eq. 1 in the limit.
 2. The ratio is per token (AudioMap's ρ_{i,t}); READ writes it per sequence, which for a clipped
    objective is numerically fragile on long responses.
 3. KL uses the k3 estimator exp(r) − r − 1 with r = log π_ref − log π_θ, unbiased and positive.
@@ -21,17 +22,26 @@ from typing import Literal
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, groups: Sequence[int] | torch.Tensor, eps: float = 1e-6):
-    """A_i = (R_i − mean_g R) / (std_g R + eps) within each group g (READ Eq. 1): [N] → [N]."""
+def group_advantages(
+    rewards: torch.Tensor,
+    groups: Sequence[int] | torch.Tensor,
+    eps: float = 1e-6,
+    std: Literal["population", "unbiased"] = "population",
+):
+    """A_i = (R_i − mean_g R) / (std_g R + eps) within each group g (READ Eq. 1): [N] → [N].
+
+    A group whose rewards are all equal (or that has one member) gets exactly 0: its std is ~1e-17
+    in float arithmetic, not 0, so testing ``std > 0`` would pass rounding noise through.
+    """
     rewards = torch.as_tensor(rewards, dtype=torch.float64)
     groups = torch.as_tensor(groups)
     advantages = torch.zeros_like(rewards)
     for g in torch.unique(groups):
         members = groups == g
         r = rewards[members]
-        centred = r - r.mean()
-        std = r.std(unbiased=False)
-        advantages[members] = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+        if r.numel() < 2 or bool(r.max() == r.min()):
+            continue
+        advantages[members] = (r - r.mean()) / (r.std(unbiased=std == "unbiased") + eps)
     return advantages
 
 
@@ -42,10 +52,13 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def token_weights(
-    mask: torch.Tensor, normalizer: float | None = None, mode: Literal["token", "sequence"] = "token"
+    mask: torch.Tensor,
+    normalizer: float | None = None,
+    mode: Literal["token", "sequence"] = "token",
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Weights over tokens that sum to one over the (global) batch: [N, T]."""
-    mask = mask.to(torch.float32)
+    """Weights over tokens that sum to one over the (global) batch: [N, T], in the log-probs' ``dtype``."""
+    mask = mask.to(dtype)
     if mode == "token":
         total = float(mask.sum()) if normalizer is None else float(normalizer)
         return mask / max(total, 1.0)
@@ -76,7 +89,7 @@ def clipped_objective(
         advantages = advantages.unsqueeze(1)
     advantages = torch.where(keep, advantages.to(logprobs.dtype).expand_as(logprobs), zero)
     if weights is None:
-        weights = token_weights(mask)
+        weights = token_weights(mask, dtype=logprobs.dtype)
     weights = weights.to(logprobs.dtype)
     high = clip_eps if clip_eps_high is None else clip_eps_high
     # masked positions are zeroed before exp(), so -inf / NaN padding never reaches the loss

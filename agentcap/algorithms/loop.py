@@ -1,34 +1,23 @@
-"""LOOP-GRPO credit assignment (ACE-Cap, "LOOP-GRPO", Eq. 7-23) as pure functions.
+"""LOOP-GRPO credit assignment (ACE-Cap, "LOOP-GRPO", Eq. 17-21) as pure functions.
 
-Order of use in a Composer phase, top to bottom as in the paper:
+The environment scores the evidence and hands over raw utilities per action (Eq. 12-16, 22, 23:
+``agentcap.rewards.evidence``); this room turns them into advantages and a loss:
 
-1. ``evidence_states(c0, qa)`` -> ser(E_g) and every ser(E_g^{-t}) (Eq. 7, 8, 10, 11); the
-   environment scores them with the G2P reward R_G (Eq. 3) in one batched judge call.
-2. ``composer_utilities(r0, r_E, r_E_minus, r_F, stopped, config)`` -> raw utilities u^Q_t, u^S,
-   u^F and the base b (Eq. 12, 14, 15, 16).
-3. ``normalize_by_type(utilities, kinds, groups, eps)`` -> A(xi) within each (group, kind) set
+1. ``normalize_by_type(utilities, kinds, groups, eps)`` -> A(xi) within each (group, kind) set
    Xi_tau (Eq. 17). With one kind per group this *is* plain GRPO (READ Eq. 1), so the Captioner
    (Eq. 22) and Instruct (Eq. 23, group = one replayed prompt) use the same function.
-4. ``token_advantages`` (Eq. 18) when several spans share one token row; ``loop_loss`` (Eq. 19-21).
+2. ``token_advantages`` (Eq. 18) when several spans share one token row; ``loop_loss`` (Eq. 19-21).
 
 Nothing here touches a model: scores come in as floats, log-probs as tensors.
 
 Departures from the paper, and why:
 
-- ser(E) (Eq. 10) is only specified as "deterministic concatenation ... in interaction order with
-  role delimiters; questions marked non-assertive". The concrete format is ours (see
-  :func:`serialize_evidence`): a one-line preamble telling the caption-only judge what counts as
-  evidence, then one labelled line per item. Whitespace inside each item is collapsed to single
-  spaces so that an item can never forge a role line of its own. The zero-question state is
-  serialised in the same labelled format (not as bare c0), so that the format's effect on the
-  judge cancels in every leave-one-out difference of Eq. 12.
-- ser(E^{-t}) is ser of the shortened sequence (Eq. 8 removes the pair; nothing remembers where it
-  was), so two identical QA pairs give identical leave-one-out strings.
 - Eq. 17 does not say which standard deviation; we use the population std (divide by |Xi_tau|),
-  the one that makes a two-element set map to +-1. A set with one element, or whose utilities are
-  all equal, gets exactly zero advantage: the formula gives ~0 there too, but float noise in
-  u - mu divided by eps_norm could otherwise turn into a spurious O(1e-10 / 1e-6) signal.
-  ``None`` utilities (actions not trained in this phase) are left out of the statistics and get 0.
+  the one that makes a two-element set map to +-1 (``std="unbiased"`` divides by |Xi_tau| - 1, as
+  TRL does). A set with one element, or whose utilities are all equal, gets exactly zero
+  advantage: the formula gives ~0 there too, but float noise in u - mu divided by eps_norm could
+  otherwise turn into a spurious O(1e-10 / 1e-6) signal. ``None`` utilities (actions not trained
+  in this phase) are left out of the statistics and get 0.
 - Eq. 21 leaves the KL estimator open; we use k3 = exp(ref - logp) - (ref - logp) - 1 (unbiased,
   non-negative), averaged over the same mask M as the policy term.
 - The paper does not define a clip fraction (it is a log, not part of the objective). Ours counts
@@ -38,197 +27,22 @@ Departures from the paper, and why:
   log-probs cannot poison the loss or its gradient; M * NaN would.
 - ``loop_loss`` takes an optional ``token_count``: Eq. 21 divides by sum M over the whole batch,
   so under gradient accumulation the caller passes that global count to every micro-batch.
-- The paper gives no values for c_Q, c_S, lambda, eps_norm, eps_clip or beta; see
-  :class:`LoopConfig` for our defaults and why.
+- The paper gives no values for eps_norm, eps_clip or beta; eps_norm defaults to 1e-6, far below
+  the G2P reward's resolution (1/L with L questions, steps of 0.5/L).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 
-__all__ = [
-    "EVIDENCE_PREAMBLE",
-    "ComposerUtilities",
-    "LoopConfig",
-    "captioner_utility",
-    "composer_utilities",
-    "evidence_states",
-    "instruct_utilities",
-    "loop_loss",
-    "normalize_by_type",
-    "sequential_differences",
-    "serialize_evidence",
-    "token_advantages",
-]
-
-# --------------------------------------------------------------------------------------------
-# Evidence serialisation, ser(E) of Eq. 7 / 10
-# --------------------------------------------------------------------------------------------
-
-EVIDENCE_PREAMBLE = (
-    "Evidence about the audio. Only the initial caption and the answers state facts; "
-    "the questions were only asked and are not evidence."
-)
-INITIAL_CAPTION_LABEL = "Initial caption:"
-QUESTION_LABEL = "Question asked (not evidence):"
-ANSWER_LABEL = "Answer:"
-
-_WHITESPACE = re.compile(r"\s+")
-
-
-def _one_line(text: str) -> str:
-    """Collapse every whitespace run (newlines included) so an item stays on its own line."""
-    return _WHITESPACE.sub(" ", text).strip()
-
-
-def _line(label: str, text: str) -> str:
-    body = _one_line(text)
-    return f"{label} {body}" if body else label
-
-
-def serialize_evidence(c0: str, qa: Sequence[tuple[str, str]]) -> str:
-    """ser(E) (Eq. 7, 10): the judge input for c0 plus completed QA pairs, in interaction order.
-
-    Format (one item per line, "\\n"-joined, no trailing newline)::
-
-        Evidence about the audio. Only the initial caption and the answers state facts; the questions were only asked and are not evidence.
-        Initial caption: <c0>
-        Question asked (not evidence): <q_1>
-        Answer: <a_1>
-        ...
-
-    The question label says "not evidence" on every question line, because a caption-only judge
-    would otherwise read "Is there a dog barking far away?" as a claim. The question label does
-    not begin with a bare "Question:", which judge prompts use for the MCQ itself. Empty items keep
-    their label. Same input, same string.
-    """
-    if not isinstance(c0, str):
-        raise TypeError(f"c0 must be a str (the Captioner's caption), got {type(c0).__name__}")
-    lines = [EVIDENCE_PREAMBLE, _line(INITIAL_CAPTION_LABEL, c0)]
-    for t, pair in enumerate(qa):
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
-            raise TypeError(f"qa[{t}] must be a (question, answer) pair of str, got {pair!r}")
-        question, answer = pair
-        lines.append(_line(QUESTION_LABEL, question))
-        lines.append(_line(ANSWER_LABEL, answer))
-    return "\n".join(lines)
-
-
-def evidence_states(c0: str, qa: Sequence[tuple[str, str]]) -> tuple[str, list[str]]:
-    """ser(E_g) and [ser(E_g^{-t}) for t = 1..T_g] (Eq. 8, 11): the T_g + 1 texts the judge scores.
-
-    Leave-one-out states may repeat (identical QA pairs); deduplicate before the judge call if
-    judge calls are expensive.
-    """
-    pairs = list(qa)
-    full = serialize_evidence(c0, pairs)
-    minus = [serialize_evidence(c0, pairs[:t] + pairs[t + 1 :]) for t in range(len(pairs))]
-    return full, minus
-
-
-# --------------------------------------------------------------------------------------------
-# Raw utilities, Eq. 12-16, 22, 23
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LoopConfig:
-    """LOOP-GRPO constants. The paper only states c_Q, c_S, lambda >= 0 and gives no values.
-
-    question_cost: c_Q of Eq. 12. 0.0, neutral. Note it is a constant shift of every question
-        utility, so per-type normalisation (Eq. 17) cancels it: it changes logged raw utilities,
-        not advantages.
-    stop_cost: c_S of Eq. 15, charged per question asked (c_S * T_g). 0.0, neutral: no length
-        pressure unless the recipe asks for it; unlike c_Q it does change stop advantages because
-        T_g differs across rollouts.
-    preserve_weight: lambda of Eq. 14. 1.0 weighs improvement over c0 and the evidence-preservation
-        bottleneck equally.
-    eps_norm: epsilon_norm of Eq. 17, a guard against tiny sigma; 1e-6 is far below the G2P
-        reward's resolution (1/L with L questions, steps of 0.5/L).
-    """
-
-    question_cost: float = 0.0
-    stop_cost: float = 0.0
-    preserve_weight: float = 1.0
-    eps_norm: float = 1e-6
-
-    def __post_init__(self) -> None:
-        for name in ("question_cost", "stop_cost", "preserve_weight"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"LoopConfig.{name} must be finite and >= 0 (ACE-Cap Eq. 12-15), got {value}")
-        if not (math.isfinite(self.eps_norm) and self.eps_norm > 0):
-            raise ValueError(f"LoopConfig.eps_norm must be finite and > 0 (ACE-Cap Eq. 17), got {self.eps_norm}")
-
-
-@dataclass
-class ComposerUtilities:
-    """Raw Composer utilities of one rollout g: u^Q_{g,t} per question, u^S_g, u^F_g and b_g.
-
-    ``stop`` is None under forced finalisation (budget K reached): there is no READY span to train.
-    """
-
-    questions: list[float]  # u^Q_{g,t}, t = 1..T_g (Eq. 12)
-    stop: float | None  # u^S_g (Eq. 15)
-    final: float  # u^F_g (Eq. 16)
-    base: float  # b_g (Eq. 14)
-
-
-def composer_utilities(
-    r0: float,
-    r_E: float,
-    r_E_minus: Sequence[float],
-    r_F: float,
-    stopped: bool,
-    config: LoopConfig,
-) -> ComposerUtilities:
-    """Eq. 12, 14, 15, 16 from the three score types of Eq. 10 and the leave-one-out scores (Eq. 11).
-
-    r0 = R_G(c0), r_E = R_G(ser(E_g)), r_E_minus[t] = R_G(ser(E_g^{-t})), r_F = R_G(c^F_g);
-    ``stopped`` is True when the Composer sampled READY, False when the scheduler forced
-    finalisation at T_g = K (then Eq. 15 is omitted). T_g = len(r_E_minus).
-    """
-    questions = [float(r_E) - float(r) - config.question_cost for r in r_E_minus]  # Eq. 12
-    base = (float(r_F) - float(r0)) + config.preserve_weight * (min(float(r_E), float(r_F)) - float(r0))  # Eq. 14
-    stop = base - config.stop_cost * len(questions) if stopped else None  # Eq. 15
-    return ComposerUtilities(questions=questions, stop=stop, final=base, base=base)  # Eq. 16: u^F = b
-
-
-def captioner_utility(r0: float) -> float:
-    """u^Cap = R_G(c0) (Eq. 22): Captioner GRPO rewards the initial caption directly."""
-    return float(r0)
-
-
-def instruct_utilities(r_before: float, r_after: Sequence[float]) -> list[float]:
-    """u^I_g = R_G(y^+_g) - R_G(y^-) (Eq. 23) for the G answers replayed on one (x, h_t, q_t).
-
-    r_before scores the evidence before the answer, r_after[g] the same evidence with answer g.
-    r_before is shared by the group, so Eq. 17 cancels it; it keeps the raw utility meaningful
-    (gain in R_G) for logging.
-    """
-    return [float(r) - float(r_before) for r in r_after]
-
-
-def sequential_differences(prefix_scores: Sequence[float]) -> list[float]:
-    """d_{g,t} = R_G(ser(E_{g,t})) - R_G(ser(E_{g,t-1})) (Eq. 13), for comparison logs only.
-
-    prefix_scores[t] scores the prefix after t turns (prefix_scores[0] = ser of c0 alone, build
-    with ``serialize_evidence(c0, qa[:t])``), so T_g + 1 scores give T_g differences. LOOP-GRPO
-    does not train on these: the paper argues they give early questions first-mover credit.
-    """
-    scores = [float(s) for s in prefix_scores]
-    if not scores:
-        raise ValueError("prefix_scores needs at least the score of ser(E_{g,0}) (c0 alone)")
-    return [b - a for a, b in zip(scores[:-1], scores[1:])]
-
+__all__ = ["loop_loss", "normalize_by_type", "token_advantages"]
 
 # --------------------------------------------------------------------------------------------
 # Advantages, Eq. 17 (= READ Eq. 1 with one kind) and Eq. 18
@@ -240,13 +54,14 @@ def normalize_by_type(
     kinds: Sequence[str],
     groups: Sequence[Hashable],
     eps: float,
+    std: Literal["population", "unbiased"] = "population",
 ) -> Tensor:
     """A(xi) = (u(xi) - mu_tau) / (sigma_tau + eps) within each (group, kind) set Xi_tau (Eq. 17).
 
     This is the group-relative advantage of plain GRPO (READ Eq. 1) when every action of a group
     has the same kind; LOOP-GRPO pools questions, stops and finals of the G rollouts of one audio
-    into separate sets so their scales do not mix. sigma is the population std (the paper does
-    not say which). Singleton or constant sets give 0, None gives 0 and is not counted. To split
+    into separate sets so their scales do not mix. sigma is the population std by default (the
+    paper does not say which; ``std="unbiased"`` matches TRL). Singleton or constant sets give 0, None gives 0 and is not counted. To split
     by agent as well, fold it into ``kinds`` or ``groups``. Returns float64 [N].
     """
     n = len(utilities)
@@ -267,7 +82,7 @@ def normalize_by_type(
         if len(index) < 2 or bool(u.max() == u.min()):
             continue  # no relative signal: exactly zero, never NaN
         mu = u.mean()
-        sigma = u.std(unbiased=False)
+        sigma = u.std(unbiased=std == "unbiased")
         advantages[index] = (u - mu) / (sigma + eps)
     return advantages
 
@@ -325,7 +140,7 @@ def loop_loss(
     # Eq. 19-21 are GRPO's clipped objective with span-aligned advantages: one implementation
     out = clipped_objective(
         logprobs, old_logprobs, advantages, mask, clip_eps=eps_clip, beta=beta, ref_logprobs=ref_logprobs,
-        weights=token_weights(mask, normalizer=max(count, 1.0)),
+        weights=token_weights(mask, normalizer=max(count, 1.0), dtype=logprobs.dtype),
     )
     local = max(float(mask.sum()), 1.0) / max(count, 1.0)  # clipfrac / ratio are per given token
     return {

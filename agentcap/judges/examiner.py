@@ -172,7 +172,7 @@ class RuleExaminer:
         return [self._answer_one(c, q) for c, q in zip(captions, questions)]
 
     def _answer_one(self, caption: str, question: Question) -> str:
-        from agentcap.algorithms.loop import EVIDENCE_PREAMBLE, QUESTION_LABEL
+        from agentcap.rewards.evidence import EVIDENCE_PREAMBLE, QUESTION_LABEL
 
         caption = "\n".join(
             line for line in caption.splitlines() if not line.startswith((QUESTION_LABEL, EVIDENCE_PREAMBLE))

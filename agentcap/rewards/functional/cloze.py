@@ -47,7 +47,7 @@ def answer_scores(
         if truth not in LETTERS[:4]:
             raise ValueError(f"gold answer {k} must be one of A–D (E is 'Not given'), got {truth!r}")
         scores.append(r_pos if answer == truth else r_abs if answer == "E" else r_neg)
-    return torch.tensor(scores, dtype=torch.float32)
+    return torch.tensor(scores, dtype=torch.float64)
 
 
 def evidence_sufficiency(
@@ -155,9 +155,9 @@ def event_temporal_reward(
     located = examiner.locate([c for c, _ in queries], [e for _, e in queries])
     if len(located) != len(queries):
         raise RuntimeError(f"temporal examiner returned {len(located)} intervals for {len(queries)} events")
-    ious = torch.tensor([temporal_iou(p, g) for p, g in zip(located, golds)], dtype=torch.float32)
-    totals = torch.zeros(len(captions)).index_add_(0, torch.tensor(owners), ious)
-    counts = torch.tensor([len(a) for a in anchors_per_caption], dtype=torch.float32)
+    ious = torch.tensor([temporal_iou(p, g) for p, g in zip(located, golds)], dtype=torch.float64)
+    totals = torch.zeros(len(captions), dtype=torch.float64).index_add_(0, torch.tensor(owners, dtype=torch.long), ious)
+    counts = torch.tensor([len(a) for a in anchors_per_caption], dtype=torch.float64)
     return totals / counts
 
 
@@ -189,7 +189,7 @@ def length_reward(captions: Sequence[str], references: Sequence[str], tolerance:
             rewards.append(0.0)
         else:
             rewards.append(1.0 - (d - band) / band)
-    return torch.tensor(rewards, dtype=torch.float32)
+    return torch.tensor(rewards, dtype=torch.float64)
 
 
 def curriculum_weights(step: int, switch_step: int, esr: float, ectr: float, length: float) -> dict[str, float]:

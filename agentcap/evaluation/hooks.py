@@ -1,0 +1,60 @@
+"""The evaluation side of :class:`agentcap.module.GRPOModule`: Lightning's validate / test / predict
+hooks and the ``evaluate`` stages of a schedule, all through :func:`evaluate_rollouts`.
+
+A mixin, so that the module file stays the training algorithm; it reads the module's ``splits``,
+``eval_limit``, ``generation_batch_size``, ``seed``, ``summary``, ``tick`` and ``run_dir``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from agentcap import distributed
+from agentcap.evaluation.rollouts import evaluate_rollouts, write_summary
+from agentcap.logs import emit
+from agentcap.schedule import Stage
+
+
+class EvaluationHooks:
+    """`agentcap validate / test` evaluate a split once; `agentcap predict` captions the test split."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if self.trainer.state.fn == "fit":
+            return  # `fit` evaluates through the schedule's own evaluate stages
+        self.evaluate(Stage(name="validate", kind="evaluate", split="val"))
+
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self.evaluate(Stage(name="test", kind="evaluate", split="test"))
+
+    @torch.no_grad()
+    def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Any]]:
+        """Captions of the test split (READ: recurrent), also written to ``<run_dir>/predictions.jsonl``."""
+        driver = self.splits.driver("test", Stage(name="predict", kind="evaluate", split="test"))
+        env = driver.scorer.unwrapped
+        rank, world = distributed.world()
+        results = env.caption(driver, env.items[rank::world])
+        from agentcap.inference import write_predictions
+
+        write_predictions(self.run_dir, results)
+        return results
+
+    @torch.no_grad()
+    def evaluate(self, stage: Stage) -> dict[str, float]:
+        """Rollouts on a held-out split (greedy unless the stage says otherwise); every reward
+        component averaged over all ranks."""
+        result = evaluate_rollouts(
+            self.splits.driver(stage.split, stage), self.eval_limit, self.generation_batch_size, stage.greedy,
+            self.seed, self.device,
+        )
+        self.summary[stage.name] = result
+        emit(self.loggers, {f"eval/{stage.name}/{k}": v for k, v in result.items()}, self.tick)
+        if distributed.world()[0] == 0:
+            self.write_summary()
+        return result
+
+    def write_summary(self) -> str:
+        """``<run_dir>/summary.json``; `validate` / `test` add their entry to a training run's file."""
+        merge = self._trainer is not None and self.trainer.state.fn in ("validate", "test")
+        return write_summary(self.run_dir, self.summary, merge=merge)

@@ -1,0 +1,77 @@
+"""Replayed training items: ACE-Cap's Instruct phase trains on states harvested from Composer rollouts.
+
+A stage with ``harvest`` first rolls out the harvest environment with every agent frozen; the
+environment's ``harvest`` turns those episodes into the stage's items (x, h_t, q_t of Eq. 23), and
+the stage's GRPO steps replay them. The harvest is part of the checkpoint: a resumed stage must
+replay the same prompts, since harvesting again would roll out a partly trained Instruct at another
+tick and give other histories.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentcap.distributed import gather_objects, world
+from agentcap.schedule import Stage
+from agentcap.splits import Splits
+
+
+class Replay:
+    """Harvests, restores and checkpoints each harvest stage's items."""
+
+    def __init__(self, splits: Splits, seed: int):
+        self.splits, self.seed = splits, seed
+        self.items: dict[str, list[dict[str, Any]]] = {}
+
+    def begin(self, stage: Stage, stage_index: int, tick: int, saved: str | None) -> int | None:
+        """Restore the checkpointed items (JSON of every rank's share) or harvest anew.
+
+        Returns the number of items harvested on this rank, None when they were restored.
+        """
+        if saved:
+            self._restore(stage, json.loads(saved))
+            return None
+        return self._harvest(stage, stage_index, tick)
+
+    @torch.no_grad()
+    def _harvest(self, stage: Stage, stage_index: int, tick: int) -> int:
+        source = Stage(name=f"{stage.name}/harvest", kind="evaluate", env=dict(stage.harvest or {}))
+        driver = self.splits.driver("train", source)
+        n = len(driver.scorer.unwrapped.items)
+        rng = np.random.default_rng([self.seed, stage_index])
+        rank, size = world()
+        chosen = rng.permutation(n)[: stage.harvest_items].tolist()[rank::size]
+        batch = driver.run(chosen, group_size=1, seed=self.seed + tick)
+        items = driver.scorer.unwrapped.harvest(batch.episodes)
+        if not items:
+            raise RuntimeError(f"stage {stage.name!r}: the harvest produced no items (no questions asked?)")
+        self._use(stage, items)
+        return len(items)
+
+    def _restore(self, stage: Stage, ranks: list[list[dict[str, Any]]]) -> None:
+        """This rank's share of a checkpointed harvest; re-split when the number of processes changed."""
+        rank, size = world()
+        self._use(stage, ranks[rank] if len(ranks) == size else [i for r in ranks for i in r][rank::size])
+        if rank == 0:
+            total = sum(len(r) for r in ranks)
+            print(f"agentcap: {stage.name}: replaying the {total} Instruct items harvested before the checkpoint",
+                  file=sys.stderr)
+
+    def _use(self, stage: Stage, items: list[dict[str, Any]]) -> None:
+        self.items[stage.name] = items
+        self.splits.use_items(stage, items)
+
+    def state(self, stage: Stage | None) -> str | None:
+        """The stage's items, every rank's, as JSON for the checkpoint (collective when harvested)."""
+        items = None if stage is None else self.items.get(stage.name)
+        if items is None:
+            return None
+        # every rank checkpoints at the same tick, so the gather is matched
+        ranks = gather_objects(items)
+        clean = [[{k: v for k, v in item.items() if not k.startswith("_questions")} for item in rank] for rank in ranks]
+        return json.dumps(clean)

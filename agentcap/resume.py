@@ -1,0 +1,43 @@
+"""What a checkpoint adds to the weights, so that `agentcap fit` resumes inside any stage.
+
+The schedule tick is the progress; the active stage's optimiser state, KL reference and replayed
+Instruct items come back when that stage begins again (:meth:`ResumeHooks.restored_for`). A
+checkpoint written by another schedule is refused: its ticks would mean other stages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ResumeHooks:
+    """Lightning's checkpoint hooks for :class:`agentcap.module.GRPOModule` (a mixin)."""
+
+    _restored: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        active = None if self._stage_index is None else self.schedule.stages[self._stage_index]
+        checkpoint["agentcap"] = {
+            "tick": self.tick,
+            "summary": self.summary,
+            "stage_index": self._stage_index,
+            "stages": [stage.name for stage in self.schedule.stages],
+            "optimizer": None if self._optimizer is None else self._optimizer.state_dict(),
+            "reference": None if self._reference is None else self._reference.model.state_dict(),
+            "replay": self.replay.state(active),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("agentcap")
+        if state is None:
+            return
+        self.schedule.check_resumable(state.get("stages"), self.run_dir)
+        self.tick, self.summary = int(state["tick"]), dict(state["summary"])
+        self._restored = state
+        # progress is the tick; Lightning's own loop counters would end the resumed epoch early
+        checkpoint.pop("loops", None)
+
+    def restored_for(self, index: int) -> dict[str, Any] | None:
+        """The checkpoint's state for stage ``index`` when a resume lands inside it (taken once)."""
+        restored, self._restored = self._restored, None
+        return restored if restored is not None and restored.get("stage_index") == index else None

@@ -1,0 +1,117 @@
+"""The environment of each data split, the rollout drivers built on it, and which items a step draws.
+
+A driver owns a pool of environments; building one reads the manifest, so drivers are cached per
+(split, stage overrides). A stage may replace the training items (ACE-Cap's Instruct phase replays
+harvested states): :meth:`Splits.use_items` installs them and drops the drivers built on older ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from agentcap.agents.agent import Agent
+from agentcap.distributed import world
+from agentcap.rollout import RolloutDriver
+from agentcap.schedule import Stage
+
+
+@dataclass
+class EnvSpec:
+    """Which registered environment to train on, and its keyword arguments per split.
+
+    Args:
+        id: a registered id (``agentcap envs`` lists them); ``module:Id`` imports ``module`` first.
+        kwargs: keyword arguments common to every split.
+        train: keyword arguments of the training split (typically ``manifest``).
+        val: keyword arguments of the validation split.
+        test: keyword arguments of the test split.
+    """
+
+    id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    val: dict[str, Any] = field(default_factory=dict)
+    test: dict[str, Any] = field(default_factory=dict)
+
+    def make(self, split: str, overrides: dict[str, Any] | None = None, **extra) -> gym.Env:
+        kwargs = {**self.kwargs, **getattr(self, split), **(overrides or {}), **extra}
+        return gym.make(self.id, **kwargs)
+
+    def texts(self) -> list[str]:
+        """Every prompt and demonstration of every split: the vocabulary of a word-level tokenizer."""
+        texts: list[str] = []
+        for split in ("train", "val", "test"):
+            if not getattr(self, split):
+                continue
+            env = self.make(split).unwrapped
+            for item in env.items:
+                for observation, action in env.demonstrations(item):
+                    texts.extend(m["content"] for m in observation["messages"])
+                    texts.append(action)
+        return texts
+
+
+class Splits:
+    """Cached rollout drivers per split and stage, and the seeded item order of every step."""
+
+    def __init__(self, spec: EnvSpec, agents: Mapping[str, Agent], generation_batch_size: int, seed: int):
+        self.spec, self.agents = spec, agents
+        self.generation_batch_size, self.seed = generation_batch_size, seed
+        self.skipped_rows: dict[str, int] = {}
+        self._drivers: dict[tuple, RolloutDriver] = {}
+        self._items: dict[str, list[dict[str, Any]]] = {}
+
+    def driver(self, split: str, stage: Stage) -> RolloutDriver:
+        items = self._items.get(stage.name) if split == "train" else None
+        key = (stage.name if items else split, json.dumps(stage.env, sort_keys=True, default=str))
+        if key not in self._drivers:
+            overrides = dict(stage.env)
+            if items:
+                overrides.update(manifest=None, items=items)
+            self._drivers[key] = driver = RolloutDriver(
+                lambda: self.spec.make(split, overrides, defer_scoring=True),
+                self.agents,
+                generation_batch_size=self.generation_batch_size,
+            )
+            skipped = driver.scorer.unwrapped.skipped.skipped
+            if skipped and world()[0] == 0:
+                rank_zero_warn(f"{split}: skipped {len(skipped)} unusable rows:\n  " + "\n  ".join(skipped[:10]))
+            self.skipped_rows[split] = len(skipped)
+        return self._drivers[key]
+
+    def use_items(self, stage: Stage, items: list[dict[str, Any]]) -> None:
+        """The stage's training items from now on; its cached driver (built on older items) is dropped."""
+        self._items[stage.name] = items
+        self._drivers = {k: v for k, v in self._drivers.items() if k[0] != stage.name}
+
+    def eligible_items(self, stage: Stage) -> list[int]:
+        """Indices of the training items this stage may draw (duration curriculum)."""
+        items = self.driver("train", stage).scorer.unwrapped.items
+        if stage.max_duration is None:
+            return list(range(len(items)))
+        chosen = [i for i, item in enumerate(items) if float(item.get("duration", 0.0)) <= stage.max_duration]
+        if not chosen:
+            raise ValueError(f"stage {stage.name!r}: no training item is at most max_duration={stage.max_duration}s")
+        return chosen
+
+    def item_indices(self, stage: Stage, stage_index: int, step: int, per_step: int) -> list[int]:
+        """This rank's share of the global batch of items for ``step`` (seeded, epoch-wise shuffle)."""
+        pool = self.eligible_items(stage)
+        n = len(pool)
+        start = step * per_step
+        order: list[int] = []
+        epoch = start // n
+        while len(order) < (start % n) + per_step:
+            rng = np.random.default_rng([self.seed, stage_index, epoch])
+            order.extend(pool[i] for i in rng.permutation(n).tolist())
+            epoch += 1
+        chosen = order[start % n : start % n + per_step]
+        rank, size = world()
+        return chosen[rank::size]
