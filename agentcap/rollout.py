@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from agentcap.agents.agent import Agent
+from agentcap.agents.sampling import trajectory_seed
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score
 
@@ -45,6 +46,7 @@ class RolloutBatch:
     spans: list[Span]
     generate_calls: dict[str, int] = field(default_factory=dict)
     turns: list[int] = field(default_factory=list)
+    trajectory_ids: list[int] = field(default_factory=list)  # global position of each trajectory
 
     def spans_of(self, agent: str) -> list[Span]:
         return [s for s in self.spans if s.agent == agent and s.utility is not None]
@@ -83,20 +85,26 @@ class RolloutDriver:
         seed: int | None = None,
         items: Sequence[dict[str, Any]] | None = None,
         sample_agents: set[str] | None = None,
+        positions: Sequence[int] | None = None,
     ) -> RolloutBatch:
         """Roll out every item ``group_size`` times; ``items`` replaces dataset indices (inference).
 
         Agents in ``sample_agents`` sample (default: all unless ``greedy``); the others decode greedily,
         so a frozen role answers the same state the same way in every rollout of a group.
+        ``positions`` are the items' places in the global batch (default 0, 1, …): with ``seed``,
+        trajectory ``positions[i] * group_size + g`` samples from its own seed at every turn, so any
+        split of a global batch over processes rolls out the same trajectories.
         """
         keys = list(items) if items is not None else list(indices or [])
         n = len(keys) * group_size
+        places = list(positions) if positions is not None else list(range(len(keys)))
+        ids = [places[t // group_size] * group_size + t % group_size for t in range(n)]
         envs = self._pool(n)
         observations: list[dict[str, Any]] = []
         for t in range(n):
             key, group = keys[t // group_size], t // group_size
             options = {"item": key, "group": group} if items is not None else {"index": int(key), "group": group}
-            obs, _ = envs[t].reset(seed=None if seed is None else seed + t, options=options)
+            obs, _ = envs[t].reset(seed=None if seed is None else seed + ids[t], options=options)
             observations.append(obs)
         spans: list[Span] = []
         calls: dict[str, int] = defaultdict(int)
@@ -112,8 +120,10 @@ class RolloutDriver:
             for name, trajectories in waiting.items():
                 agent = self._agent(name)
                 samples = not greedy and (sample_agents is None or name in sample_agents)
+                seeds = None if seed is None else [trajectory_seed(seed, ids[t], turns[t]) for t in trajectories]
                 generations = agent.generate(
-                    [observations[t] for t in trajectories], greedy=not samples, batch_size=self.generation_batch_size
+                    [observations[t] for t in trajectories], greedy=not samples, batch_size=self.generation_batch_size,
+                    seeds=seeds,
                 )
                 calls[name] += -(-len(trajectories) // self.generation_batch_size)
                 for t, gen in zip(trajectories, generations):
@@ -146,7 +156,8 @@ class RolloutDriver:
         for span in spans:
             utilities = scores[span.trajectory].utilities
             span.utility = utilities[span.action_index] if span.action_index < len(utilities) else None
-        return RolloutBatch(episodes=episodes, scores=scores, spans=spans, generate_calls=dict(calls), turns=turns)
+        return RolloutBatch(episodes=episodes, scores=scores, spans=spans, generate_calls=dict(calls), turns=turns,
+                            trajectory_ids=ids)
 
     def _agent(self, name: str) -> Agent:
         if name not in self.agents:

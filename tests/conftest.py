@@ -108,3 +108,45 @@ def read_config(run_dir: Path, world: Path, stages: list[dict], **model) -> Path
 @pytest.fixture
 def make_read_config():
     return read_config
+
+
+def game_config(run_dir: Path, world: Path, stages: list[dict], trainer: dict | None = None, **model) -> Path:
+    """A tiny ACE-Cap run: three 1-layer toy agents on the toy soundscapes, rule examiner, CSV logging."""
+    toy = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
+    texts = [str(world / "texts.txt")]
+
+    def agent(media: str, tokens: int) -> dict:
+        return {"toy": {"media": media, **toy}, "build_tokenizer_from": texts, "max_new_tokens": tokens, "lr": 1e-3}
+
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu", "devices": 1, "enable_progress_bar": False, "enable_model_summary": False,
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(run_dir)}},
+            **(trainer or {}),
+        },
+        "checkpoint_every": 100,
+        "model": {
+            "run_dir": str(run_dir),
+            "env": {
+                "id": "agentcap/EvidenceGame-v0",
+                "kwargs": {"prompt": "compact", "budget": 2, "examiner": "rule"},
+                "train": {"manifest": str(world / "train.jsonl")},
+                "val": {"manifest": str(world / "val.jsonl")},
+                "test": {"manifest": str(world / "test.jsonl")},
+            },
+            "agents": {"captioner": agent("audio", 6), "composer": agent("none", 10), "instruct": agent("audio", 6)},
+            "group_size": 2, "rollout_batch_size": 4, "minibatch_size": 3, "sft_batch_size": 2, "eval_limit": 2,
+            "stages": stages,
+            **model,
+        },
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def make_game_config():
+    return game_config

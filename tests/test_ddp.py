@@ -34,7 +34,7 @@ def test_two_processes_equal_one(tmp_path, toy_movie, make_read_config):
         {"name": "after", "kind": "evaluate", "split": "test"},
     ]
     single = make_read_config(tmp_path / "one", toy_movie, stages, sft_batch_size=4)
-    double = make_read_config(tmp_path / "two", toy_movie, stages, sft_batch_size=2)
+    double = make_read_config(tmp_path / "two", toy_movie, stages, sft_batch_size=4)  # global, like every batch size
     one = fit(single)
     assert one.returncode == 0, one.stderr[-3000:]
     two = fit(double, "--trainer.devices=2", "--trainer.strategy=ddp")
@@ -65,3 +65,48 @@ def test_grpo_trains_under_ddp(tmp_path, toy_movie, make_read_config):
     assert "reward/accuracy" in metrics and "loss/policy/pg_loss" in metrics
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {"reward", "accuracy"} <= set(summary["after"])
+
+
+# --- per-trajectory sampling ------------------------------------------------------------------
+def tiny_agent(tmp_path):
+    from agentcap.agents import AgentConfig, build_agent
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Anna opens the red door .\nTom picks up the key .\n")
+    torch.manual_seed(0)
+    return build_agent("policy", AgentConfig(
+        toy={"media": "features", "feature_dim": 8, "hidden_size": 16, "num_layers": 1, "num_heads": 2,
+             "intermediate_size": 32}, build_tokenizer_from=[str(texts)], max_new_tokens=8, temperature=2.0))
+
+
+def test_a_seeded_row_samples_the_same_alone_as_in_any_batch(tmp_path):
+    """What makes a trajectory independent of the split: its tokens follow its own seed only."""
+    import numpy as np
+
+    agent = tiny_agent(tmp_path)
+    rng = np.random.default_rng(0)
+    obs = [{"agent": "policy", "messages": [{"role": "user", "content": "Anna opens the" + " door" * (i % 3)}],
+            "media": {"features": rng.standard_normal((3, 8)).astype(np.float32)}} for i in range(6)]
+    seeds = [11, 12, 13, 14, 15, 16]
+    together = [g.completion_ids.tolist() for g in agent.generate(obs, seeds=seeds, batch_size=6)]
+    torch.manual_seed(123)  # the global RNG plays no part
+    chunked = [g.completion_ids.tolist() for g in agent.generate(obs[::-1], seeds=seeds[::-1], batch_size=4)][::-1]
+    alone = [agent.generate([o], seeds=[s])[0].completion_ids.tolist() for o, s in zip(obs, seeds)]
+    assert together == chunked == alone
+    other = [g.completion_ids.tolist() for g in agent.generate(obs, seeds=[s + 100 for s in seeds])]
+    assert other != together  # the seed matters (temperature 2 on a random model: near-uniform)
+
+
+def test_row_sampler_draws_from_the_tempered_top_p_softmax():
+    from agentcap.agents.sampling import RowSampler, top_p_filter
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -3.0]])
+    sampler = RowSampler([7], temperature=1.5)
+    counts = torch.zeros(5)
+    for _ in range(4000):
+        counts[int(sampler(None, logits).argmax())] += 1
+    expected = torch.softmax(logits[0] / 1.5, -1)
+    assert torch.allclose(counts / 4000, expected, atol=0.03), (counts / 4000, expected)
+    kept = top_p_filter(logits, 0.8)[0]
+    probs = torch.softmax(logits[0], -1)  # 0.64, 0.24, 0.09, …: 0.64 < 0.8 ≤ 0.88 keeps two tokens
+    assert torch.isfinite(kept).tolist() == [True, True, False, False, False], probs

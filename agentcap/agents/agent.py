@@ -121,21 +121,35 @@ class Agent(nn.Module):
     # --- generation ---------------------------------------------------------------------------
     @torch.no_grad()
     def generate(
-        self, observations: Sequence[Observation], greedy: bool = False, batch_size: int = 64
+        self,
+        observations: Sequence[Observation],
+        greedy: bool = False,
+        batch_size: int = 64,
+        seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
-        """One batched sampling call per ``batch_size`` observations; returns texts, ids, log-probs."""
+        """One batched sampling call per ``batch_size`` observations; returns texts, ids, log-probs.
+
+        With ``seeds`` (one per observation) each row samples from its own generator
+        (:class:`~agentcap.agents.sampling.RowSampler`), so a row's tokens do not depend on the
+        batch it shares or on the process that runs it; without, from the global RNG.
+        """
+        from agentcap.agents.sampling import RowSampler
+
         results: list[Generation] = []
         for start in range(0, len(observations), batch_size):
             chunk = list(observations[start : start + batch_size])
             inputs = self.family.encode(chunk)
             kwargs: dict[str, Any] = dict(
                 max_new_tokens=self.max_new_tokens,
-                do_sample=not greedy,
+                do_sample=not greedy and seeds is None,
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=self.eos_ids,
             )
-            if not greedy:
+            if not greedy and seeds is None:
                 kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
+            elif not greedy:
+                sampler = RowSampler(seeds[start : start + batch_size], self.temperature, self.top_p)
+                kwargs.update(logits_processor=[sampler])
             new = self.family.generate(inputs, **kwargs)  # [N, T]
             completion, mask = trim_after_eos(new, self.eos_ids, self.tokenizer.pad_token_id)
             logprobs = self.completion_logprobs(inputs, completion, mask)
