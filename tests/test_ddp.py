@@ -110,3 +110,38 @@ def test_row_sampler_draws_from_the_tempered_top_p_softmax():
     kept = top_p_filter(logits, 0.8)[0]
     probs = torch.softmax(logits[0], -1)  # 0.64, 0.24, 0.09, …: 0.64 < 0.8 ≤ 0.88 keeps two tokens
     assert torch.isfinite(kept).tolist() == [True, True, False, False, False], probs
+
+
+# --- a whole schedule: one process equals two -------------------------------------------------
+#: SFT, sampled GRPO of two agents (the Captioner alone, then the Composer in the game), and a sampled
+#: and a greedy evaluation: every place where batch sizes, seeds or minibatches could depend on ranks.
+SCHEDULE = [
+    {"name": "sft", "kind": "sft", "agent": "captioner", "steps": 2},
+    {"name": "captioner_grpo", "kind": "grpo", "agent": "captioner", "steps": 1, "env": {"mode": "captioner"}},
+    {"name": "composer_grpo", "kind": "grpo", "agent": "composer", "steps": 1},
+    {"name": "sampled", "kind": "evaluate", "split": "test", "greedy": False},
+    {"name": "greedy", "kind": "evaluate", "split": "test"},
+]
+
+
+def max_differences(one: Path, two: Path, load=weights) -> tuple[float, float]:
+    """(largest |Δ| over summary.json values, largest |Δ| over weights) of two runs."""
+    s1, s2 = (json.loads((run / "summary.json").read_text()) for run in (one, two))
+    assert s1.keys() == s2.keys() and all(s1[k].keys() == s2[k].keys() for k in s1)
+    summary = max(abs(s1[k][m] - s2[k][m]) for k in s1 for m in s1[k])
+    a, b = load(one), load(two)
+    assert a.keys() == b.keys()
+    weight = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    return summary, weight
+
+
+def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes, make_game_config):
+    runs = {}
+    for name, extra in (("one", ()), ("ddp", ("--trainer.devices=2", "--trainer.strategy=grpo_ddp"))):
+        config = make_game_config(tmp_path / name, toy_soundscapes, SCHEDULE)
+        result = fit(config, *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = tmp_path / name
+    summary, weight = max_differences(runs["one"], runs["ddp"])
+    print(f"1 vs 2 processes (grpo_ddp): summary max |diff| {summary:.3g}, weights max |diff| {weight:.3g}")
+    assert summary < 1e-5 and weight < 1e-5
