@@ -16,7 +16,7 @@ from lightning.pytorch.cli import LightningCLI
 from agentcap.agents.agent import MissingWeightsError
 from agentcap.callbacks import SampleTable, TickCheckpoint
 from agentcap.module import GRPOModule
-import agentcap.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn)
+import agentcap.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn / grpo_fsdp)
 
 
 class AgentcapCLI(LightningCLI):
@@ -43,7 +43,8 @@ class AgentcapCLI(LightningCLI):
         trainer = self.run_config.get("trainer", {})
         # DDP's reducer cannot follow a trainable agent that changes between stages; the module
         # sums gradients itself, so plain "ddp" means our unwrapped variant.
-        if trainer.get("strategy") in ("ddp", "ddp_spawn"):
+        # Lightning's "fsdp" is FSDP1 over the whole module; ours is FSDP2 per agent.
+        if trainer.get("strategy") in ("ddp", "ddp_spawn", "fsdp"):
             trainer["strategy"] = "grpo_" + trainer["strategy"]
 
     def instantiate_classes(self) -> None:

@@ -25,6 +25,15 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
+def collective_device():
+    """Where a small tensor for a collective must live (NCCL only reduces CUDA tensors)."""
+    import torch
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def share(chosen: Sequence[T], what: str = "items") -> tuple[list[T], list[int]]:
     """This process's strided share of a global list, and the global positions of its elements."""
     rank, size = world()

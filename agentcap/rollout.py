@@ -18,6 +18,7 @@ import torch
 
 from agentcap.agents.agent import Agent
 from agentcap.agents.sampling import trajectory_seed
+from agentcap.sharding import Lockstep
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score
 
@@ -110,21 +111,26 @@ class RolloutDriver:
         calls: dict[str, int] = defaultdict(int)
         turns = [0] * n
         active = list(range(n))
+        lockstep = Lockstep(self.agents)  # sharded agents: every process calls them equally often
         for _ in range(self.max_turns):
-            if not active:
+            if not lockstep.anyone_running(bool(active)):
                 break
             waiting: dict[str, list[int]] = defaultdict(list)
             for t in active:
                 waiting[observations[t]["agent"]].append(t)
             finished: set[int] = set()
-            for name, trajectories in waiting.items():
+            for name, trajectories, stand_in_calls, stand_in in lockstep.turn(
+                waiting, observations, self.generation_batch_size
+            ):
                 agent = self._agent(name)
                 samples = not greedy and (sample_agents is None or name in sample_agents)
                 seeds = None if seed is None else [trajectory_seed(seed, ids[t], turns[t]) for t in trajectories]
                 generations = agent.generate(
                     [observations[t] for t in trajectories], greedy=not samples, batch_size=self.generation_batch_size,
                     seeds=seeds,
-                )
+                ) if trajectories else []
+                for _ in range(stand_in_calls):  # discarded: keeps this process in step with the others
+                    agent.generate([stand_in], greedy=True, batch_size=1)
                 calls[name] += -(-len(trajectories) // self.generation_batch_size)
                 for t, gen in zip(trajectories, generations):
                     env = envs[t].unwrapped
@@ -152,7 +158,7 @@ class RolloutDriver:
         if active:
             raise RuntimeError(f"{len(active)} episodes still running after max_turns={self.max_turns}")
         episodes = [envs[t].unwrapped.episode for t in range(n)]
-        scores = self.scorer.unwrapped.score(episodes)
+        scores = self.scorer.unwrapped.score(episodes) if episodes else []
         for span in spans:
             utilities = scores[span.trajectory].utilities
             span.utility = utilities[span.action_index] if span.action_index < len(utilities) else None

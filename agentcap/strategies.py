@@ -1,4 +1,5 @@
-"""Data parallelism for a module whose trainable agent changes between stages.
+"""Data parallelism (``grpo_ddp``) and sharding (``grpo_fsdp``) for a module whose trainable agent
+changes between stages.
 
 ``torch.nn.parallel.DistributedDataParallel`` fixes the set of trainable parameters when it wraps
 the model, which the schedule breaks (Captioner, then Instruct, then Composer train in turn). This
@@ -9,8 +10,9 @@ ranks itself after normalising its loss by the global token count.
 
 from __future__ import annotations
 
+from lightning.pytorch.core.optimizer import _MockOptimizer
 from lightning.pytorch.overrides.distributed import _sync_module_states
-from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
 
 
 class GRPODDPStrategy(DDPStrategy):
@@ -30,4 +32,37 @@ StrategyRegistry.register(
     description="spawned DDP without the module wrapper (agentcap)",
     start_method="spawn",
     override=True,
+)
+
+
+class GRPOFSDPStrategy(ModelParallelStrategy):
+    """FSDP2 through Lightning: ``GRPOModule.configure_model`` shards every agent on its own.
+
+    Pure data parallel over every process of every node (no tensor parallelism), and checkpoints as
+    one full file (``save_distributed_checkpoint=False``) so that ``fit`` resumes from
+    ``last.ckpt`` whatever the number of processes. ``--trainer.num_nodes`` scales it out under
+    torchrun or SLURM.
+    """
+
+    strategy_name = "grpo_fsdp"
+
+    def __init__(self, save_distributed_checkpoint: bool = False, **kwargs):
+        super().__init__(save_distributed_checkpoint=save_distributed_checkpoint, **kwargs)
+
+    def setup_environment(self) -> None:
+        if self._data_parallel_size == "auto":
+            self._data_parallel_size = self.num_nodes * self.num_processes
+        if self._tensor_parallel_size == "auto":
+            self._tensor_parallel_size = 1
+        super().setup_environment()
+
+    def optimizer_state(self, optimizer):
+        # the module checkpoints its own per-stage optimiser; Lightning's is a placeholder
+        if isinstance(optimizer, _MockOptimizer):
+            return {}
+        return super().optimizer_state(optimizer)
+
+
+StrategyRegistry.register(
+    "grpo_fsdp", GRPOFSDPStrategy, description="FSDP2, each agent sharded on its own (agentcap)", override=True
 )

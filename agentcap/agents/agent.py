@@ -134,6 +134,7 @@ class Agent(nn.Module):
         batch it shares or on the process that runs it; without, from the global RNG.
         """
         from agentcap.agents.sampling import RowSampler
+        from agentcap.sharding import synced_generation
 
         results: list[Generation] = []
         for start in range(0, len(observations), batch_size):
@@ -145,6 +146,8 @@ class Agent(nn.Module):
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=self.eos_ids,
             )
+            if synced_generation(self.model):
+                kwargs["synced_gpus"] = True  # sharded: every forward is a collective, keep stepping until all are done
             if not greedy and seeds is None:
                 kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
             elif not greedy:

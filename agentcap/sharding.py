@@ -1,0 +1,154 @@
+"""Agents sharded with FSDP2, each on its own, so the trainable agent can change between stages.
+
+Under the ``grpo_fsdp`` strategy (:mod:`agentcap.strategies`) ``GRPOModule.configure_model`` calls
+:func:`shard_agents`: every transformer block of every agent, frozen ones included, becomes its own
+``fully_shard`` unit, then the agent's whole model. A process holds 1/N of every agent; each
+forward all-gathers one block at a time. What this changes for the algorithm, and where it is
+handled:
+
+1. Gradients are reduce-scattered *in backward* and summed (not averaged): the loss is already
+   normalised by the global token count, so :func:`needs_gradient_all_reduce` tells the module to
+   skip its own all-reduce for a sharded agent.
+2. Every forward is a collective, so every process must call a sharded agent equally often:
+   ``generate`` keeps stepping until every process is done (``synced_gpus``), and
+   :class:`Lockstep` makes the rollout driver call each agent the same number of times per turn
+   (a process with nothing to do generates for a stand-in observation and discards it); an empty
+   optimiser minibatch backpropagates a stand-in row with zero weight.
+3. Optimiser state is gathered into a full, unsharded state dict for the checkpoint and scattered
+   again on resume, so a checkpoint is one file whatever the number of processes.
+
+Not sharded: the judges inside environments (examiner, coherence scorer), which stay replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from agentcap.global_batch import collective_device, world
+
+
+def is_sharded(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule) or any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def block_classes(model: nn.Module) -> set[str]:
+    """Class names of the model's transformer blocks, as HF declares them (``_no_split_modules``)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return names
+
+
+def shard_agents(agents: Mapping[str, nn.Module], mesh) -> None:
+    """``fully_shard`` every agent's blocks, then its model; the weights are rank 0's."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+    from transformers import PreTrainedModel
+
+    for agent in agents.values():
+        model = agent.model
+        if is_sharded(model):
+            continue  # configure_model runs again for validate / test after fit
+        if world()[1] > 1:
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                dist.broadcast(tensor.data, src=0)  # one init for all: a shard is a slice of rank 0's tensor
+        blocks = block_classes(model)
+        for module in list(model.modules()):
+            if type(module).__name__ in blocks:
+                fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if not isinstance(model, PreTrainedModel) and hasattr(model, "generate"):
+            register_fsdp_forward_method(model, "generate")  # e.g. the toy LM's own generate
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                # a sum, not a mean: the loss is already divided by the global token count (gloo has
+                # no pre-multiplied sum, so the sum is forced)
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+
+
+def needs_gradient_all_reduce(agent: nn.Module) -> bool:
+    """False for a sharded agent: FSDP2 already reduced its gradients in backward."""
+    return world()[1] > 1 and not is_sharded(agent.model)
+
+
+def synced_generation(model: nn.Module) -> bool:
+    """``generate`` must keep calling forward until every process is done (each forward is a collective)."""
+    return world()[1] > 1 and is_sharded(model)
+
+
+def full_norm(norm: torch.Tensor) -> float:
+    """The gradient norm as a float (a DTensor under sharding)."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def optimizer_state(agent: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimiser's state for the checkpoint: gathered into full tensors when the agent is sharded."""
+    if not is_sharded(agent.model):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(agent.model, optimizer, options=options)
+
+
+def load_optimizer_state(agent: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Inverse of :func:`optimizer_state`: every process reads the full state and keeps its shard."""
+    if not is_sharded(agent.model):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(agent.model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+class Lockstep:
+    """Keeps the processes' calls to sharded agents matched during a rollout (see module docstring).
+
+    Inactive (every method a no-op) with one process or when no agent is sharded.
+    """
+
+    def __init__(self, agents: Mapping[str, nn.Module]):
+        self.active = world()[1] > 1 and any(is_sharded(a.model) for a in agents.values())
+        self.stand_ins: dict[str, dict[str, Any]] = {}
+
+    def anyone_running(self, running: bool) -> bool:
+        """True while any process still has an episode running."""
+        if not self.active:
+            return running
+        flag = torch.tensor([int(running)], device=collective_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def turn(
+        self, waiting: Mapping[str, list[int]], observations: Sequence[dict[str, Any]], batch_size: int
+    ) -> list[tuple[str, list[int], int, dict[str, Any] | None]]:
+        """(agent, trajectories, extra stand-in calls, stand-in) for this turn, in one order on every process."""
+        if not self.active:
+            return [(name, list(ts), 0, None) for name, ts in waiting.items()]
+        for name, ts in waiting.items():
+            self.stand_ins.setdefault(name, observations[ts[0]])
+        calls = {name: -(-len(ts) // batch_size) for name, ts in waiting.items()}
+        everyone: list[Any] = [None] * world()[1]
+        dist.all_gather_object(everyone, (calls, sorted(self.stand_ins)))
+        most: dict[str, int] = {}
+        for part, _ in everyone:
+            for name, count in part.items():
+                most[name] = max(most.get(name, 0), count)
+        lacking = {name for _, seen in everyone for name in most if name not in seen}
+        if lacking:  # a second round, on every process, only when one has never seen an agent it must call
+            offers: list[Any] = [None] * world()[1]
+            dist.all_gather_object(offers, {n: self.stand_ins[n] for n in sorted(lacking) if n in self.stand_ins})
+            for part in offers:
+                for name, obs in part.items():
+                    self.stand_ins.setdefault(name, obs)
+        return [
+            (name, list(waiting.get(name, [])), most[name] - calls.get(name, 0), self.stand_ins[name])
+            for name in sorted(most)
+        ]
