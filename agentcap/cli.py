@@ -1,4 +1,4 @@
-"""The ``agentcap`` command: LightningCLI's fit / validate / test / predict, plus ``envs`` and ``caption``.
+"""The ``agentcap`` command: LightningCLI's fit / validate / test / predict, plus ``envs``, ``caption`` and ``plan``.
 
 ``fit`` resumes from ``<run_dir>/checkpoints/last.ckpt`` when it exists, so re-running a killed
 command continues at the same stage and step. Unknown keys and wrong types are refused by
@@ -98,6 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("WANDB_MODE", "offline" if not os.environ.get("WANDB_API_KEY") else "online")
     if argv and argv[0] == "envs":
         raise SystemExit(envs_command(argv[1:]))
+    if argv and argv[0] == "plan":
+        from agentcap.plan import plan_command
+
+        raise SystemExit(plan_command(argv[1:]))
     if argv and argv[0] == "caption":
         from agentcap.inference import caption_command
 

@@ -10,6 +10,8 @@ ranks itself after normalising its loss by the global token count.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from lightning.pytorch.core.optimizer import _MockOptimizer
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
@@ -61,6 +63,13 @@ class GRPOFSDPStrategy(ModelParallelStrategy):
         if isinstance(optimizer, _MockOptimizer):
             return {}
         return super().optimizer_state(optimizer)
+
+    def load_checkpoint(self, checkpoint_path, weights_only=None):
+        from lightning.fabric.strategies.model_parallel import _load_checkpoint
+
+        path = Path(self.broadcast(checkpoint_path))  # the weights; the module restores its optimiser itself
+        strict = self.lightning_module.strict_loading
+        return _load_checkpoint(path=path, state={"state_dict": self.model}, strict=strict, weights_only=weights_only)
 
 
 StrategyRegistry.register(

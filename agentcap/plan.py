@@ -1,0 +1,250 @@
+"""``agentcap plan``: memory per rank for every stage, from ``config.json`` files alone.
+
+Nothing is loaded: parameter counts come from each model folder's ``config.json`` (decoder LMs,
+plus the vision / audio towers of Qwen2.5-Omni, Qwen2.5/3-VL and Gemma 3), so a run can be sized
+before its weights are on disk. Per stage and rank the plan adds:
+
+- parameters of the trainable agent (its ``dtype``; LoRA: the frozen base plus fp32 adapters),
+- gradients and AdamW state (two moments), in the dtype of what trains,
+- frozen agents (a base shared with ``share_base_with`` counted once),
+- judges named in the environment's kwargs (``examiner``, ``temporal_examiner``, ``scorer``),
+- training activations of one micro-batch (prompt + ``max_new_tokens`` tokens; per layer about
+  34 · tokens · hidden bytes at 16-bit, one layer's worth with gradient checkpointing) plus the
+  completion logits in fp32, or the rollout's KV cache, whichever is larger,
+- under ``grpo_fsdp`` every agent is divided by the world size, plus two gathered blocks in flight.
+
+Judges live inside environments and are replicated on every rank (``agentcap.sharding``).
+Estimates are lower bounds: allocator fragmentation and CUDA context (~1–2 GiB) come on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+GIB = 1024**3
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+JUDGE_KEYS = ("examiner", "temporal_examiner", "scorer")
+SHARDED = ("grpo_fsdp", "fsdp")
+
+
+@dataclass
+class ModelSize:
+    """What the plan needs to know of one model."""
+
+    params: int  # every parameter
+    block: int  # the largest transformer block (an FSDP unit)
+    hidden: int
+    layers: int
+    kv_width: int  # key/value heads × head dim
+    vocab: int
+    linears: dict[str, tuple[int, int]]  # per text layer: module name → (in, out), for LoRA
+
+
+def text_size(c: dict[str, Any]) -> ModelSize:
+    """A decoder LM (Qwen2/3, Llama, Gemma, GPT-2 field names)."""
+    h = c.get("hidden_size") or c["n_embd"]
+    layers = c.get("num_hidden_layers") or c["n_layer"]
+    heads = c.get("num_attention_heads") or c["n_head"]
+    kv = c.get("num_key_value_heads") or heads
+    hd = c.get("head_dim") or h // heads
+    inter = c.get("intermediate_size") or c.get("n_inner") or 4 * h
+    vocab = c["vocab_size"]
+    kind = c.get("model_type", "")
+    if kind == "gpt2":
+        linears = {"c_attn": (h, 3 * h), "c_proj": (h, h), "c_fc": (h, inter), "mlp.c_proj": (inter, h)}
+        block = 4 * h * h + 2 * h * inter + 9 * h + inter
+        embed = vocab * h + c.get("n_positions", 1024) * h + h  # + the final norm's bias
+        tied = c.get("tie_word_embeddings", True)
+    else:
+        linears = {
+            "q_proj": (h, heads * hd), "k_proj": (h, kv * hd), "v_proj": (h, kv * hd), "o_proj": (heads * hd, h),
+            "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h),
+        }
+        block = sum(i * o for i, o in linears.values()) + 2 * h
+        if kind.startswith("qwen2"):
+            block += (heads + 2 * kv) * hd  # q, k, v biases
+        if kind.startswith(("qwen3", "gemma3")):
+            block += 2 * hd  # q / k norms
+        embed = vocab * h
+        tied = c.get("tie_word_embeddings", False)
+    params = embed + layers * block + h + (0 if tied else vocab * h)
+    return ModelSize(params, block, h, layers, kv * hd, vocab, linears)
+
+
+def vision_params(v: dict[str, Any]) -> int:
+    """A ViT tower: Qwen2.5-VL / Qwen3-VL (patch merger) or SigLIP (Gemma 3)."""
+    e = v.get("hidden_size") or v.get("embed_dim")
+    depth = v.get("depth") or v["num_hidden_layers"]
+    inter = v.get("intermediate_size") or 4 * e
+    gated = v.get("hidden_act") in ("silu", "swish")
+    block = 4 * e * e + 4 * e + (3 if gated else 2) * e * inter + 4 * e
+    patch = v.get("in_chans", v.get("num_channels", 3)) * v.get("temporal_patch_size", 1) * v.get("patch_size", 14) ** 2 * e
+    merge = v.get("spatial_merge_size")
+    out = v.get("out_hidden_size") or v.get("out_hidden")
+    head = (e * merge * merge) ** 2 + e * merge * merge * out if merge and out else 0
+    return depth * block + patch + head
+
+
+def audio_params(a: dict[str, Any]) -> int:
+    """A Whisper-style encoder (Qwen2-Audio, Qwen2.5-Omni)."""
+    d, layers, ffn = a["d_model"], a["encoder_layers"], a["encoder_ffn_dim"]
+    block = 4 * d * d + 2 * d * ffn + 9 * d + ffn
+    convs = a.get("num_mel_bins", 128) * d * 3 + d * d * 3
+    return layers * block + convs + d * a.get("output_dim", d)
+
+
+def model_size(folder: str, where: str) -> ModelSize:
+    """Read ``<folder>/config.json``; an Omni checkpoint counts its thinker only (what agentcap loads)."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{where}: {path} not found; `agentcap plan` reads only config.json files "
+            "(point --root at a folder holding <model path>/config.json stand-ins)"
+        )
+    with open(path, encoding="utf-8") as handle:
+        c = json.load(handle)
+    c = c.get("thinker_config", c)
+    size = text_size(c.get("text_config", c))
+    extra = (vision_params(c["vision_config"]) if "vision_config" in c else 0) + (
+        audio_params(c["audio_config"]) if "audio_config" in c else 0
+    )
+    size.params += extra
+    return size
+
+
+def lora_params(size: ModelSize, peft: dict[str, Any]) -> int:
+    """Adapter parameters: r × (in + out) for every targeted linear of every text layer."""
+    r = int(peft.get("r", peft.get("rank", 8)))
+    targets = peft.get("target_modules", "all-linear")
+    names = size.linears if targets == "all-linear" else {n: s for n, s in size.linears.items() if n in targets or n.split(".")[-1] in targets}
+    return size.layers * sum(r * (i + o) for i, o in names.values())
+
+
+def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, prompt_tokens: int = 1024,
+         world: int | None = None) -> list[dict[str, Any]]:
+    """One row per stage: every term in bytes for one rank (all ranks are alike)."""
+    trainer, model = config.get("trainer", {}) or {}, config.get("model", {}) or {}
+    strategy = str(trainer.get("strategy", "auto"))
+    devices = trainer.get("devices", 1)
+    devices = 1 if devices in ("auto", None) else (len(devices) if isinstance(devices, list) else int(devices))
+    world = world or devices * int(trainer.get("num_nodes", 1))
+    shard = world if strategy in SHARDED else 1
+    half = "16" in str(trainer.get("precision", "32"))
+    act_bytes = 2 if half else 4
+    agents = model.get("agents", {}) or {}
+    sizes, owners = {}, {}
+    for role, cfg in agents.items():
+        if not cfg.get("model"):
+            raise ValueError(f"agents.{role}: `agentcap plan` needs a model folder (got toy / tiny)")
+        sizes[role] = model_size(os.path.join(root, cfg["model"]), f"agents.{role}.model")
+        owners[role] = cfg.get("share_base_with") or role
+    judges: dict[str, ModelSize] = {}
+    for key in JUDGE_KEYS:
+        value = ((model.get("env") or {}).get("kwargs") or {}).get(key)
+        if isinstance(value, str) and value not in judges and os.path.isfile(os.path.join(root, value, "config.json")):
+            judges[value] = model_size(os.path.join(root, value), f"model.env.kwargs.{key}")
+    judge_bytes = sum(s.params for s in judges.values()) * 2  # judges load in bf16
+
+    rows = []
+    for stage in model.get("stages", []):
+        role = stage.get("agent")
+        cfg = agents.get(role, {}) if role else {}
+        train = stage.get("kind") in ("sft", "grpo")
+        dtype = lambda r: BYTES[agents[r].get("dtype", "float32")]  # noqa: E731
+        params = grads = optim = frozen = 0.0
+        counted: set[str] = set()  # a base shared by several roles is held once
+        for r, size in sizes.items():
+            peft = agents[r].get("peft")
+            adapters = 4 * lora_params(size, peft) if peft else 0  # adapters stay fp32
+            training = train and r == role
+            if training:
+                # gradients and AdamW's two moments take the trained parameters' dtype (adapters: fp32)
+                width = 4 if peft else dtype(r)
+                trainable = adapters // 4 if peft else size.params
+                grads, optim = width * trainable, 2 * width * trainable
+            mine = train and owners[r] == owners.get(role)
+            if owners[r] not in counted:
+                counted.add(owners[r])
+                if mine:
+                    params += size.params * dtype(r)
+                else:
+                    frozen += size.params * dtype(r)
+            if training:
+                params += adapters
+            else:
+                frozen += adapters
+        params, grads, optim, frozen = (x / shard for x in (params, grads, optim, frozen))
+        gathered = 2 * max((s.block * dtype(r) for r, s in sizes.items()), default=0) if shard > 1 else 0
+        activations = 0.0
+        if train:
+            size = sizes[role]
+            rows_per_rank = model.get("micro_batch_size") or math.ceil(
+                (model.get("sft_batch_size", 16) if stage["kind"] == "sft" else model.get("minibatch_size", 16)) / world
+            )
+            completion = cfg.get("max_new_tokens", 64)
+            tokens = rows_per_rank * (prompt_tokens + completion)
+            per_layer = 34 * tokens * size.hidden * act_bytes / 2
+            layers = 1 if cfg.get("gradient_checkpointing") else size.layers
+            checkpoints = size.layers * tokens * size.hidden * act_bytes if cfg.get("gradient_checkpointing") else 0
+            logits = 3 * rows_per_rank * completion * size.vocab * 4  # logits, log-softmax, probabilities (fp32)
+            activations = per_layer * layers + checkpoints + logits
+        kv = 0.0
+        if stage.get("kind") in ("grpo", "evaluate"):  # the rollout: every acting agent's cache for one generate call
+            batch = model.get("generation_batch_size", 64)
+            for r, size in sizes.items():
+                length = prompt_tokens + agents[r].get("max_new_tokens", 64)
+                kv = max(kv, 2 * size.layers * size.kv_width * batch * length * act_bytes)
+        total = params + grads + optim + frozen + judge_bytes + gathered + max(activations, kv)
+        terms = {"parameters": params, "gradients": grads, "optimiser": optim, "frozen agents": frozen,
+                 "judge": judge_bytes, "gathered blocks": gathered, "activations": activations, "kv cache": kv}
+        rows.append({"stage": stage.get("name"), "kind": stage.get("kind"), "agent": role or "-", "ranks": world,
+                     "sharded": shard > 1, **terms, "total": total, "device": device_gib * GIB,
+                     "largest": max(terms, key=terms.get)})
+    return rows
+
+
+COLUMNS = ("parameters", "gradients", "optimiser", "frozen agents", "judge", "gathered blocks", "activations",
+           "kv cache", "total")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Markdown table in GiB, one row per stage; the verdict names the largest term when it does not fit."""
+    head = ["stage", "agent", "ranks"] + [c for c in COLUMNS] + ["fits"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        fits = row["total"] <= row["device"]
+        verdict = "yes" if fits else f"NO: largest term {row['largest']}"
+        cells = [row["stage"], row["agent"], f"0–{row['ranks'] - 1}" if row["ranks"] > 1 else "0"]
+        cells += [f"{row[c] / GIB:.1f}" for c in COLUMNS] + [verdict]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def plan_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agentcap plan", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="the fit config (YAML)")
+    parser.add_argument("--root", default=".", help="folder that model paths in the config are relative to")
+    parser.add_argument("--device-memory", type=float, default=141.0, help="GiB per device (default: H200, 141)")
+    parser.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length assumed per row (media included)")
+    parser.add_argument("--world", type=int, default=None, help="processes (default: trainer.devices × num_nodes)")
+    args = parser.parse_args(argv)
+    with open(args.config, encoding="utf-8") as handle:
+        config = yaml.safe_load(handle)
+    try:
+        rows = plan(config, args.root, args.device_memory, args.prompt_tokens, args.world)
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        print(f"agentcap plan: {args.config}: {err}", file=sys.stderr)
+        return 2
+    strategy = (config.get("trainer") or {}).get("strategy", "auto")
+    print(f"{args.config}: strategy {strategy}, {rows[0]['ranks'] if rows else '?'} ranks, "
+          f"{args.device_memory:g} GiB per device, prompts of {args.prompt_tokens} tokens (GiB per rank)")
+    print(table(rows))
+    return 0 if all(r["total"] <= r["device"] for r in rows) else 1
