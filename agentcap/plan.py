@@ -235,9 +235,13 @@ def plan_command(argv: list[str]) -> int:
     parser.add_argument("--device-memory", type=float, default=141.0, help="GiB per device (default: H200, 141)")
     parser.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length assumed per row (media included)")
     parser.add_argument("--world", type=int, default=None, help="processes (default: trainer.devices × num_nodes)")
+    parser.add_argument("--dtype", choices=sorted(BYTES), default=None, help="override every agent's dtype")
     args = parser.parse_args(argv)
     with open(args.config, encoding="utf-8") as handle:
         config = yaml.safe_load(handle)
+    if args.dtype:
+        for cfg in ((config.get("model") or {}).get("agents") or {}).values():
+            cfg["dtype"] = args.dtype
     try:
         rows = plan(config, args.root, args.device_memory, args.prompt_tokens, args.world)
     except (FileNotFoundError, ValueError, KeyError) as err:

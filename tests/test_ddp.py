@@ -136,12 +136,20 @@ def max_differences(one: Path, two: Path, load=weights) -> tuple[float, float]:
 
 
 def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes, make_game_config):
+    """1 process, 2 under grpo_ddp and 2 sharded (grpo_fsdp): same summary.json, same weights."""
     runs = {}
-    for name, extra in (("one", ()), ("ddp", ("--trainer.devices=2", "--trainer.strategy=grpo_ddp"))):
+    for name, extra in (
+        ("one", ()),
+        ("ddp", ("--trainer.devices=2", "--trainer.strategy=grpo_ddp")),
+        ("fsdp", ("--trainer.devices=2", "--trainer.strategy=grpo_fsdp")),
+    ):
         config = make_game_config(tmp_path / name, toy_soundscapes, SCHEDULE)
         result = fit(config, *extra)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = tmp_path / name
-    summary, weight = max_differences(runs["one"], runs["ddp"])
-    print(f"1 vs 2 processes (grpo_ddp): summary max |diff| {summary:.3g}, weights max |diff| {weight:.3g}")
-    assert summary < 1e-5 and weight < 1e-5
+        if name == "fsdp":
+            assert "sharded captioner, composer, instruct with FSDP2 over 2 processes" in result.stderr
+    for name in ("ddp", "fsdp"):
+        summary, weight = max_differences(runs["one"], runs[name])
+        print(f"1 vs 2 processes ({name}): summary max |diff| {summary:.3g}, weights max |diff| {weight:.3g}")
+        assert summary < 1e-5 and weight < 1e-5, name

@@ -11,7 +11,7 @@ import pytest
 import transformers
 import yaml
 
-from agentcap.plan import GIB, lora_params, model_size, plan
+from agentcap.plan import GIB, lora_params, model_size, plan, plan_command
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN2 = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
@@ -88,17 +88,19 @@ def test_lora_trains_only_adapters(tmp_path):
     assert row["parameters"] == 4 * size.params + 4 * adapters
 
 
-def test_the_command_names_the_largest_term_when_it_does_not_fit(tmp_path):
+def test_the_command_names_the_largest_term_when_it_does_not_fit(tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(recipe(tmp_path)))
-    cmd = [sys.executable, "-m", "agentcap.cli", "plan", "--config", str(config), "--root", str(tmp_path)]
-    fits = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    args = ["--config", str(config), "--root", str(tmp_path)]
+    fits = subprocess.run([sys.executable, "-m", "agentcap.cli", "plan", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # registered as a subcommand
     assert fits.returncode == 0, fits.stderr
     assert "| sft | policy | 0–3 |" in fits.stdout and "| eval | - | 0–3 |" in fits.stdout
-    tight = subprocess.run([*cmd, "--device-memory", str(1e-4)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert tight.returncode == 1 and "NO: largest term" in tight.stdout
-    missing = subprocess.run([*cmd, "--root", str(tmp_path / "nowhere")], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 2 and "agents.policy.model" in missing.stderr and "config.json" in missing.stderr
+    assert plan_command([*args, "--device-memory", "1e-4"]) == 1
+    assert "NO: largest term" in capsys.readouterr().out
+    assert plan_command([*args, "--root", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert ".model: " in err and "config.json not found" in err
 
 
 def test_every_paper_recipe_plans_from_the_shipped_stand_ins():
