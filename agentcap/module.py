@@ -11,11 +11,13 @@ Implementation details:
    its stage begins and saved in the checkpoint, frozen agents have no optimiser state.
 2. Progress is the schedule tick; the train loader only counts ticks. Each tick is one SFT step,
    one GRPO rollout batch (``ppo_epochs`` × minibatch updates) or one evaluation.
-3. Data parallel (``agentcap.distributed``): items are sharded over ranks, so every GRPO group
-   lives on one rank and group statistics need no communication. Loss weights are normalised by
-   the *global* token count and gradients are summed across ranks explicitly (``GRPODDPStrategy``
-   does not wrap the module in DDP, whose reducer cannot follow the trainable agent changing
-   between stages).
+3. Data parallel (``agentcap.distributed``): batch sizes are global; items are sharded over ranks,
+   so every GRPO group lives on one rank and group statistics need no communication; sampling
+   seeds and minibatches follow global positions, so N processes reproduce one. Loss weights are
+   normalised by the *global* token count and gradients are summed across ranks explicitly
+   (``GRPODDPStrategy`` does not wrap the module in DDP, whose reducer cannot follow the trainable
+   agent changing between stages); under ``grpo_fsdp`` every agent is sharded on its own
+   (``agentcap.sharding``) and FSDP2 sums the gradients in backward.
 4. A stage's KL reference is a frozen copy of the trainable agent taken when the stage begins;
    β = 0 skips it entirely.
 
@@ -31,8 +33,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import sys
+
 import lightning as L
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -48,6 +51,7 @@ from agentcap.replay import Replay
 from agentcap.resume import ResumeHooks
 from agentcap.rollout import Span
 from agentcap.schedule import Schedule, Stage
+from agentcap.sharding import load_optimizer_state, needs_gradient_all_reduce, shard_agents
 from agentcap.splits import EnvSpec, Splits
 
 __all__ = ["EnvSpec", "GRPOModule"]
@@ -75,7 +79,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         stages: the schedule, run in order.
         group_size: G, rollouts per item.
         rollout_batch_size: trajectories per GRPO step over all ranks (B × G).
-        minibatch_size: spans per optimiser step, per rank.
+        minibatch_size: spans per optimiser step, over all ranks.
         ppo_epochs: passes over each rollout batch.
         clip_eps: ε of the clipped ratio (lower side; also the upper side unless clip_eps_high).
         clip_eps_high: upper clip ε, for asymmetric clipping.
@@ -85,14 +89,14 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             (TRL's; with ``eps_norm: 1e-4`` it matches TRL's advantages).
         loss_aggregation: ``token`` (mean over all tokens, LOOP Eq. 21) or ``sequence`` (mean of
             per-response means, AudioMap Eq. 1).
-        sft_batch_size: demonstrations per SFT step, per rank.
+        sft_batch_size: training items per SFT step, over all ranks (each gives its demonstrations).
         max_grad_norm: gradient clipping.
         weight_decay: AdamW weight decay.
         eval_limit: evaluate on at most this many held-out items (None: all).
         generation_batch_size: observations per generate call.
         sample_every: GRPO steps between sample tables (the first step of a stage always logs one).
         run_dir: where ``summary.json`` and checkpoints go.
-        seed: seeds sampling and the order of items.
+        seed: seeds sampling (per trajectory, from its global position) and the order of items.
     """
 
     def __init__(
@@ -146,6 +150,14 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         self._reference: Reference | None = None
 
     # --- Lightning plumbing -------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """Under ``grpo_fsdp`` every agent is sharded on its own (``agentcap.sharding``)."""
+        mesh = getattr(self, "_device_mesh", None)
+        if mesh is not None:
+            shard_agents(self.agents, mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh)
+            if distributed.world()[0] == 0:
+                print(f"agentcap: sharded {', '.join(self.agents)} with FSDP2 over {mesh.size()} processes", file=sys.stderr)
+
     def configure_optimizers(self):
         return None  # one AdamW per stage, built in `_begin_stage`
 
@@ -191,7 +203,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         restored = self.restored_for(index)
         if restored is not None:
             if self._optimizer is not None and restored.get("optimizer"):
-                self._optimizer.load_state_dict(restored["optimizer"])
+                load_optimizer_state(trainable[0], self._optimizer, restored["optimizer"])
             if self._reference is not None and restored.get("reference"):
                 self._reference.model.load_state_dict(restored["reference"])
         self._stage_index = index
@@ -203,14 +215,18 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             if harvested is not None:
                 self._emit({"harvest/items": float(harvested)})
 
+    def _trainable(self) -> Agent:
+        return next(a for a in self.agents.values() if a.trainable)
+
     # --- GRPO ---------------------------------------------------------------------------------
     def grpo_step(self, stage: Stage, step: int) -> None:
         agent = self.agents[stage.agent]
-        items = self.splits.item_indices(stage, self._stage_index or 0, step, self.rollout_batch_size // self.group_size)
-        rank, _ = distributed.world()
-        seed = self.seed * 1_000_003 + self.tick * 10_007 + rank * 101
-        torch.manual_seed(seed)  # sampling repeats exactly, also after a resume
-        batch = self.splits.driver("train", stage).run(items, self.group_size, seed=seed, sample_agents={agent.name})
+        groups = self.splits.item_indices(stage, self._stage_index or 0, step, self.rollout_batch_size // self.group_size)
+        items, positions = distributed.share(groups, "groups")
+        seed = self.seed * 1_000_003 + self.tick * 10_007  # per tick: sampling repeats exactly after a resume
+        batch = self.splits.driver("train", stage).run(
+            items, self.group_size, seed=seed, sample_agents={agent.name}, positions=positions
+        )
         spans = batch.spans_of(agent.name)
         # advantages: group-normalised utilities per (group, kind) — READ Eq. 1 / LOOP Eq. 17
         advantages = normalize_by_type(
@@ -219,7 +235,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         )
         for span, advantage in zip(spans, advantages.tolist()):
             span.advantage = advantage
-        stats = self.update(agent, spans)
+        stats = self.update(agent, spans, [(batch.trajectory_ids[s.trajectory], s.action_index) for s in spans])
         metrics = rollout_metrics(batch, spans, stats, agent.name)
         self.log("reward/total", metrics["reward/total"], prog_bar=True, logger=False)
         metrics.update({f"data/{split}/skipped_rows": float(n) for split, n in self.splits.skipped_rows.items()})
@@ -228,26 +244,27 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         if step % max(self.sample_every, 1) == 0:  # the first step of every stage, then every N
             self.samples = sample_rows(batch, stage.name, self.tick, self.group_size)
 
-    def update(self, agent: Agent, spans: Sequence[Span]) -> dict[str, float]:
-        """``ppo_epochs`` passes of clipped updates over this rank's spans (global normalisation)."""
+    def update(self, agent: Agent, spans: Sequence[Span], keys: Sequence[tuple[int, int]]) -> dict[str, float]:
+        """``ppo_epochs`` passes of clipped updates; each minibatch is drawn over every rank's spans
+        (``keys`` name this rank's globally) and its loss normalised globally."""
         sums: dict[str, float] = defaultdict(float)
         n_updates = 0
-        rng = np.random.default_rng([self.seed, self.tick])
-        for _ in range(self.ppo_epochs):
-            order = rng.permutation(len(spans)).tolist()
-            chunks = [order[i : i + self.minibatch_size] for i in range(0, len(order), self.minibatch_size)]
-            for chunk in distributed.aligned(chunks, self.device):
-                stats = self._policy_step(agent, [spans[i] for i in chunk])
+        for epoch in range(self.ppo_epochs):
+            for chunk in distributed.global_minibatches(keys, self.minibatch_size, seed=(self.seed, self.tick, epoch)):
+                stats = self._policy_step(agent, [spans[i] for i in chunk], stand_in=spans[:1])
                 for k, v in stats.items():
                     sums[k] += v
                 n_updates += 1
         return {k: v / max(n_updates, 1) for k, v in sums.items()}
 
-    def _policy_step(self, agent: Agent, rows: Sequence[Span]) -> dict[str, float]:
+    def _policy_step(self, agent: Agent, rows: Sequence[Span], stand_in: Sequence[Span] = ()) -> dict[str, float]:
         assert self._optimizer is not None
         local = float(sum(r.completion_ids.numel() for r in rows)) if self.loss_aggregation == "token" else float(len(rows))
         norm = distributed.global_sums([local], self.device)[0]
         stats: dict[str, float] = {}
+        scale = 1.0
+        if not rows and not needs_gradient_all_reduce(agent) and distributed.world()[1] > 1:
+            rows, scale = list(stand_in), 0.0  # sharded: forward and backward are collectives, run them on nothing
         if rows:
             inputs = agent.encode([r.observation for r in rows])
             pad = agent.tokenizer.pad_token_id
@@ -256,14 +273,15 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             advantages = torch.tensor([r.advantage for r in rows], device=self.device)
             logprobs, entropy = agent.completion_logprobs(inputs, completion, mask, with_entropy=True)
             ref = None if self._reference is None else self._reference.completion_logprobs(agent, inputs, completion, mask)
-            weights = token_weights(mask, normalizer=norm, mode=self.loss_aggregation, dtype=logprobs.dtype)
+            weights = token_weights(mask, normalizer=norm, mode=self.loss_aggregation, dtype=logprobs.dtype) * scale
             out = clipped_objective(
                 logprobs, old.to(logprobs.dtype), advantages, mask, self.clip_eps, self.clip_eps_high,
                 self.beta, ref, weights,
             )
             self.manual_backward(out["loss"])
-            stats = {k: float(v.detach()) for k, v in out.items()}
-            stats["entropy"] = float((entropy.detach() * weights).sum())
+            if scale:
+                stats = {k: float(v.detach()) for k, v in out.items()}
+                stats["entropy"] = float((entropy.detach() * weights).sum())
         stats["grad_norm"] = optimizer_step(agent, self._optimizer, self.max_grad_norm)
         return stats
 
@@ -274,7 +292,8 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         env = self.splits.driver("train", stage).scorer.unwrapped
         world = distributed.world()[1]
         demos: list[tuple[dict[str, Any], str]] = []
-        for index in self.splits.item_indices(stage, self._stage_index or 0, step, self.sft_batch_size * world):
+        items = self.splits.item_indices(stage, self._stage_index or 0, step, self.sft_batch_size)
+        for index in distributed.share(items, "SFT items")[0]:
             demos.extend((o, a) for o, a in env.demonstrations(env.items[index]) if o["agent"] == agent.name)
         if not demos:
             raise ValueError(f"stage {stage.name!r}: the environment gives no demonstrations for {agent.name!r}")

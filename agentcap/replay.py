@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentcap.distributed import gather_objects, world
+from agentcap.distributed import gather_objects, share, world
 from agentcap.schedule import Stage
 from agentcap.splits import Splits
 
@@ -29,9 +29,9 @@ class Replay:
         self.items: dict[str, list[dict[str, Any]]] = {}
 
     def begin(self, stage: Stage, stage_index: int, tick: int, saved: str | None) -> int | None:
-        """Restore the checkpointed items (JSON of every rank's share) or harvest anew.
+        """Restore the checkpointed items (JSON of the global list) or harvest anew.
 
-        Returns the number of items harvested on this rank, None when they were restored.
+        Returns the number of items harvested, None when they were restored.
         """
         if saved:
             self._restore(stage, json.loads(saved))
@@ -44,19 +44,22 @@ class Replay:
         driver = self.splits.driver("train", source)
         n = len(driver.scorer.unwrapped.items)
         rng = np.random.default_rng([self.seed, stage_index])
-        rank, size = world()
-        chosen = rng.permutation(n)[: stage.harvest_items].tolist()[rank::size]
-        batch = driver.run(chosen, group_size=1, seed=self.seed + tick)
-        items = driver.scorer.unwrapped.harvest(batch.episodes)
+        chosen, positions = share(rng.permutation(n)[: stage.harvest_items].tolist(), "harvest items")
+        batch = driver.run(chosen, group_size=1, seed=self.seed + tick, positions=positions)
+        env = driver.scorer.unwrapped
+        # every rank holds the global list in global order, so the items split as a dataset's do
+        mine = [(p, env.harvest([episode])) for p, episode in zip(positions, batch.episodes)]
+        pairs = sorted((pair for part in gather_objects(mine) for pair in part), key=lambda pair: pair[0])
+        items = [item for _, got in pairs for item in got]
         if not items:
             raise RuntimeError(f"stage {stage.name!r}: the harvest produced no items (no questions asked?)")
         self._use(stage, items)
         return len(items)
 
     def _restore(self, stage: Stage, ranks: list[list[dict[str, Any]]]) -> None:
-        """This rank's share of a checkpointed harvest; re-split when the number of processes changed."""
-        rank, size = world()
-        self._use(stage, ranks[rank] if len(ranks) == size else [i for r in ranks for i in r][rank::size])
+        """A checkpointed harvest: the global list, whatever the number of processes that wrote it."""
+        rank, _ = world()
+        self._use(stage, [item for part in ranks for item in part])
         if rank == 0:
             total = sum(len(r) for r in ranks)
             print(f"agentcap: {stage.name}: replaying the {total} Instruct items harvested before the checkpoint",
@@ -67,11 +70,8 @@ class Replay:
         self.splits.use_items(stage, items)
 
     def state(self, stage: Stage | None) -> str | None:
-        """The stage's items, every rank's, as JSON for the checkpoint (collective when harvested)."""
+        """The stage's items (the global list every rank holds) as JSON for the checkpoint."""
         items = None if stage is None else self.items.get(stage.name)
         if items is None:
             return None
-        # every rank checkpoints at the same tick, so the gather is matched
-        ranks = gather_objects(items)
-        clean = [[{k: v for k, v in item.items() if not k.startswith("_questions")} for item in rank] for rank in ranks]
-        return json.dumps(clean)
+        return json.dumps([[{k: v for k, v in item.items() if not k.startswith("_questions")} for item in items]])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentcap.sharding import optimizer_state
+
 
 class ResumeHooks:
     """Lightning's checkpoint hooks for :class:`agentcap.module.GRPOModule` (a mixin)."""
@@ -22,7 +24,7 @@ class ResumeHooks:
             "summary": self.summary,
             "stage_index": self._stage_index,
             "stages": [stage.name for stage in self.schedule.stages],
-            "optimizer": None if self._optimizer is None else self._optimizer.state_dict(),
+            "optimizer": None if self._optimizer is None else optimizer_state(self._trainable(), self._optimizer),
             "reference": None if self._reference is None else self._reference.model.state_dict(),
             "replay": self.replay.state(active),
         }

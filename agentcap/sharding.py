@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from agentcap.global_batch import collective_device, world
+from agentcap.distributed import collective_device, world
 
 
 def is_sharded(module: nn.Module) -> bool:

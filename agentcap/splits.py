@@ -102,7 +102,7 @@ class Splits:
         return chosen
 
     def item_indices(self, stage: Stage, stage_index: int, step: int, per_step: int) -> list[int]:
-        """This rank's share of the global batch of items for ``step`` (seeded, epoch-wise shuffle)."""
+        """The global batch of items for ``step`` (seeded, epoch-wise shuffle); ranks take a ``share``."""
         pool = self.eligible_items(stage)
         n = len(pool)
         start = step * per_step
@@ -112,6 +112,4 @@ class Splits:
             rng = np.random.default_rng([self.seed, stage_index, epoch])
             order.extend(pool[i] for i in rng.permutation(n).tolist())
             epoch += 1
-        chosen = order[start % n : start % n + per_step]
-        rank, size = world()
-        return chosen[rank::size]
+        return order[start % n : start % n + per_step]

@@ -46,7 +46,7 @@ class EvaluationHooks:
         component averaged over all ranks."""
         result = evaluate_rollouts(
             self.splits.driver(stage.split, stage), self.eval_limit, self.generation_batch_size, stage.greedy,
-            self.seed, self.device,
+            self.seed * 1_000_003 + self.tick * 10_007, self.device,  # sampled: per trajectory, any split
         )
         self.summary[stage.name] = result
         emit(self.loggers, {f"eval/{stage.name}/{k}": v for k, v in result.items()}, self.tick)

@@ -1,8 +1,8 @@
 """Held-out evaluation: roll out a split once per item and average every reward component over ranks.
 
-Evaluations decode greedily unless the stage samples (the policy GRPO optimises); each rank takes
-every ``world``-th item and the means are synced through torchmetrics, so N processes report what
-one would.
+Evaluations decode greedily unless the stage samples (the policy GRPO optimises), each trajectory
+from its own seed; each rank takes every ``world``-th item and the means are synced through
+torchmetrics, so N processes report what one would.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torchmetrics import MeanMetric
 
-from agentcap.distributed import gather_objects, world
+from agentcap.distributed import gather_objects, most, share, world
 from agentcap.rollout import RolloutDriver
 
 
@@ -30,13 +30,15 @@ def evaluate_rollouts(
     """Means of the reward, each component and each numeric episode extra over the first ``limit`` items."""
     n = len(driver.scorer.unwrapped.items)
     indices = list(range(n if limit is None else min(n, limit)))
-    rank, size = world()
-    mine = indices[rank::size]
+    _, size = world()
+    mine, positions = share(indices, "evaluation items")
     metrics: dict[str, MeanMetric] = {}
     chunk = max(1, chunk)
-    torch.manual_seed(seed + rank)
-    for start in range(0, len(mine), chunk):
-        batch = driver.run(mine[start : start + chunk], group_size=1, greedy=greedy)
+    calls = most(-(-len(mine) // chunk))  # as many rollout calls on every rank (sharded agents step together)
+    for start in range(0, calls * chunk, chunk):
+        batch = driver.run(
+            mine[start : start + chunk], group_size=1, greedy=greedy, seed=seed, positions=positions[start : start + chunk]
+        )
         for score in batch.scores:
             values: dict[str, Any] = {"reward": score.reward, **score.components}
             values.update({k: v for k, v in score.extras.items() if isinstance(v, (int, float))})
