@@ -1,4 +1,5 @@
-"""The ``agentcap`` command: LightningCLI's fit / validate / test / predict, plus ``envs`` and ``caption``.
+"""The ``agentcap`` command: LightningCLI's fit / validate / test / predict, plus the commands of
+:data:`COMMANDS` (``envs``, ``caption``, ``evaluate``, …), each with its own argparse parser.
 
 ``fit`` resumes from ``<run_dir>/checkpoints/last.ckpt`` when it exists, so re-running a killed
 command continues at the same stage and step. Unknown keys and wrong types are refused by
@@ -19,7 +20,24 @@ from agentcap.module import GRPOModule
 import agentcap.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn)
 
 
+#: Subcommands outside LightningCLI: name → ("module:function" taking argv, returning an exit code;
+#: the one-line help ``agentcap --help`` lists). Add a command by adding a line.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "envs": ("agentcap.cli:envs_command", "List the registered agentcap environments."),
+    "caption": ("agentcap.inference:caption_command", "Caption clips or audio files with a trained system."),
+    "evaluate": ("agentcap.evaluation.command:evaluate_command",
+                 "The papers' metrics (BLEU, METEOR, ROUGE-L, CIDEr, R@k/N, …) for a run or predictions."),
+}
+
+
 class AgentcapCLI(LightningCLI):
+    def _add_subcommands(self, parser, **kwargs) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        from jsonargparse import ArgumentParser
+
+        for name, (_, help) in COMMANDS.items():  # listed in --help; `main` runs them before LightningCLI
+            parser._subcommands_action.add_subcommand(name, ArgumentParser(description=help), help=help)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--checkpoint_every", type=int, default=10, help="Ticks between checkpoints.")
         # everything a run writes (config.yaml, logs, checkpoints, summary) lands in its run_dir
@@ -68,15 +86,20 @@ class AgentcapCLI(LightningCLI):
 
 def envs_command(argv: list[str]) -> int:
     """``agentcap envs``: every registered agentcap environment, one line each."""
+    import argparse
+
     import gymnasium as gym
 
     import agentcap  # noqa: F401  (registers the built-ins)
 
-    for module in argv:
+    parser = argparse.ArgumentParser(prog="agentcap envs", description="List the registered agentcap environments.")
+    parser.add_argument("modules", nargs="*", help="modules to import first (they register their own envs, also listed)")
+    modules = parser.parse_args(argv).modules
+    for module in modules:
         __import__(module)
     for env_id, spec in sorted(gym.registry.items()):
         entry = spec.entry_point if isinstance(spec.entry_point, str) else spec.entry_point.__module__
-        if env_id.startswith("agentcap/") or argv:
+        if env_id.startswith("agentcap/") or modules:
             summary = _first_doc_line(spec)
             print(f"{env_id:32s} {entry:48s} {summary}")
     return 0
@@ -95,12 +118,11 @@ def _first_doc_line(spec: Any) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("WANDB_MODE", "offline" if not os.environ.get("WANDB_API_KEY") else "online")
-    if argv and argv[0] == "envs":
-        raise SystemExit(envs_command(argv[1:]))
-    if argv and argv[0] == "caption":
-        from agentcap.inference import caption_command
+    if argv and argv[0] in COMMANDS:
+        import importlib
 
-        raise SystemExit(caption_command(argv[1:]))
+        module, function = COMMANDS[argv[0]][0].split(":")
+        raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
     try:
         AgentcapCLI(GRPOModule, datamodule_class=None, args=argv, save_config_kwargs={"overwrite": True})
     except MissingWeightsError as err:

@@ -60,6 +60,8 @@ class ADClipEnv(CaptionEnv):
     """
 
     required_fields = {"id": str, "duration": (int, float), "characters": list, "ad": str, "context": list}
+    #: The reference caption of an item (``agentcap evaluate``).
+    reference_field = "ad"
 
     def __init__(
         self,
