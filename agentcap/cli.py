@@ -8,8 +8,11 @@ jsonargparse before anything is built.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sys
+import warnings
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
@@ -49,6 +52,9 @@ class AgentcapCLI(LightningCLI):
                 "trainer.enable_checkpointing": False,
                 "trainer.log_every_n_steps": 1,
                 "trainer.accelerator": "auto",
+                # stages choose the trainable agent; before the first one, Lightning's summary
+                # would report "Trainable params: 0"
+                "trainer.enable_model_summary": False,
             }
         )
 
@@ -63,13 +69,37 @@ class AgentcapCLI(LightningCLI):
         # sums gradients itself, so plain "ddp" means our unwrapped variant.
         if trainer.get("strategy") in ("ddp", "ddp_spawn"):
             trainer["strategy"] = "grpo_" + trainer["strategy"]
+        child_run_names(trainer.get("logger"), self.subcommand)
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         self.trainer.callbacks.append(TickCheckpoint(every=self.run_config.get("checkpoint_every", 10)))
         self.trainer.callbacks.append(SampleTable())
+        for logger in self.trainer.loggers:  # Lightning passes wandb a setting it deprecates ("anonymous")
+            if getattr(logger, "_wandb_init", {}).get("anonymous", True) is None:
+                logger._wandb_init.pop("anonymous")
+
+    def log_config(self) -> None:
+        """The resolved config, as `config.yaml` holds it, to every logger."""
+        import yaml
+
+        config = yaml.safe_load(self._parser(self.subcommand).dump(self.run_config, skip_none=False))
+        for logger in self.trainer.loggers:
+            logger.log_hyperparams(config)
+
+    def print_results(self) -> None:
+        """The table of every evaluated stage in ``summary.json`` (schedule order), on the console."""
+        from agentcap.evaluation.table import results_table
+
+        path = self.model.write_summary()
+        with open(path, encoding="utf-8") as handle:
+            summary = json.load(handle)
+        order = [s.name for s in self.model.schedule.stages if s.kind == "evaluate"]
+        print(results_table(summary, title=f"agentcap {self.subcommand}: {self.model.run_dir}", order=order))
+        print(os.path.abspath(path))
 
     def before_fit(self) -> None:
+        self.log_config()
         kwargs = self.config_init[self.subcommand]
         last = TickCheckpoint.path(self.model.run_dir)
         if kwargs.get("ckpt_path") is None and os.path.isfile(last):
@@ -78,10 +108,30 @@ class AgentcapCLI(LightningCLI):
             if self.trainer.is_global_zero:
                 print(f"agentcap: resuming from {last}", file=sys.stderr)
 
+    def before_validate(self) -> None:
+        self.log_config()
+
+    before_test = before_predict = before_validate
+
     def after_fit(self) -> None:
         if self.trainer.is_global_zero:
-            path = self.model.write_summary()
-            print(os.path.abspath(path))
+            self.print_results()
+
+    after_validate = after_test = after_fit
+
+
+def child_run_names(logger: Any, subcommand: str | None) -> None:
+    """`validate` / `test` / `predict` log to a run named ``<training run>-<subcommand>`` (W&B: in
+    the training run's group), not to a second run that looks like the training one."""
+    if subcommand in (None, "fit") or logger is None or isinstance(logger, bool):
+        return
+    for entry in logger if isinstance(logger, list) else [logger]:
+        init = entry.get("init_args") if hasattr(entry, "get") else None
+        if init is None or not init.get("name"):
+            continue
+        if str(entry.get("class_path", "")).endswith("WandbLogger"):
+            init["group"] = init["name"]
+        init["name"] = f"{init['name']}-{subcommand}"
 
 
 def envs_command(argv: list[str]) -> int:
@@ -115,19 +165,53 @@ def _first_doc_line(spec: Any) -> str:
         return f"(cannot import: {err})"
 
 
+#: Warnings a normal run raises that are false for agentcap (each says why).
+QUIET = (
+    # manual optimisation: each stage builds its own AdamW, so configure_optimizers returns None
+    r".*this fit will run with no optimizer",
+    # frozen agents (and every agent before its stage) are in eval mode by design
+    r".*module\(s\) in eval mode",
+    # the tick loader has a length and no workers
+    r".*`IterableDataset` has `__len__` defined",
+    # Lightning's own use of a torch API it has not caught up with
+    r".*isinstance\(treespec, LeafSpec\)",
+)
+
+
+class _NoTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def quiet() -> None:
+    """Silence the false or advertising messages of a normal run (``QUIET``, Lightning's tips,
+    transformers' weight-loading bars)."""
+    for pattern in QUIET:
+        warnings.filterwarnings("ignore", message=pattern)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_NoTips())
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("WANDB_MODE", "offline" if not os.environ.get("WANDB_API_KEY") else "online")
+    quiet()
     if argv and argv[0] in COMMANDS:
         import importlib
 
         module, function = COMMANDS[argv[0]][0].split(":")
         raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
+    program, sys.argv = sys.argv, sys.argv[:1]  # `argv` is the command line: LightningCLI must not see both
     try:
         AgentcapCLI(GRPOModule, datamodule_class=None, args=argv, save_config_kwargs={"overwrite": True})
     except MissingWeightsError as err:
         print(f"agentcap: {err}{_demo_hint(argv)}", file=sys.stderr)
         raise SystemExit(2) from None
+    finally:
+        sys.argv = program
 
 
 def _demo_hint(argv: list[str]) -> str:

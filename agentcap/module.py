@@ -89,6 +89,9 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         max_grad_norm: gradient clipping.
         weight_decay: AdamW weight decay.
         eval_limit: evaluate on at most this many held-out items (None: all).
+        eval_metrics: ``rewards`` (each evaluation reports the reward means) or ``papers`` (also the
+            papers' metrics: BLEU-1…4, METEOR, ROUGE-L, CIDEr-D, BERTScore, R@k/N, LogP/PPL,
+            question accuracy, tIoU; needs ``agentcap[eval]``, METEOR needs Java).
         generation_batch_size: observations per generate call.
         sample_every: GRPO steps between sample tables (the first step of a stage always logs one).
         run_dir: where ``summary.json`` and checkpoints go.
@@ -114,6 +117,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         max_grad_norm: float = 1.0,
         weight_decay: float = 0.0,
         eval_limit: int | None = None,
+        eval_metrics: Literal["rewards", "papers"] = "rewards",
         generation_batch_size: int = 64,
         sample_every: int = 10,
         run_dir: str = "runs/agentcap",
@@ -134,7 +138,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         self.clip_eps, self.clip_eps_high, self.beta, self.eps_norm = clip_eps, clip_eps_high, beta, eps_norm
         self.advantage_std, self.loss_aggregation = advantage_std, loss_aggregation
         self.sft_batch_size, self.max_grad_norm, self.weight_decay = sft_batch_size, max_grad_norm, weight_decay
-        self.eval_limit, self.generation_batch_size = eval_limit, generation_batch_size
+        self.eval_limit, self.eval_metrics, self.generation_batch_size = eval_limit, eval_metrics, generation_batch_size
         self.sample_every, self.run_dir, self.seed = sample_every, run_dir, seed
         self.tick = 0
         self.summary: dict[str, dict[str, float]] = {}

@@ -40,6 +40,30 @@ def question_field(env: Any) -> str:
     return "mcq" if "mcq" in getattr(env, "required_fields", {}) else "cloze"
 
 
+def caption_text(env: Any, text: str) -> str:
+    """The caption in an action's text (READ: the ``<answer>`` span; elsewhere the text itself)."""
+    extract = getattr(env, "caption_text", None)
+    return extract(text) if extract is not None else text.strip()
+
+
+def caption_row(env: Any, episode: Any, score: Any) -> dict[str, Any]:
+    """One evaluated episode as a row of the captions table (and of ``task_metrics``' input)."""
+    item = episode.item
+    response = episode.actions[-1].text if episode.actions else ""
+    row: dict[str, Any] = {
+        "id": str(item.get("id")),
+        "caption": caption_text(env, response),
+        "reference": item.get(reference_field(env)),
+        "reward": float(score.reward),
+        **{f"reward/{k}": float(v) for k, v in score.components.items()},
+    }
+    if "context" in episode.state:
+        row["context"] = list(episode.state["context"])
+    if len(episode.actions) > 1:  # multi-turn (ACE-Cap): the evidence trace
+        row["trace"] = "\n".join(f"{a.agent}/{a.kind}: {a.text}" for a in episode.actions)
+    return row
+
+
 def task_metrics(
     env: Any, items: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], captioning: CaptionMetrics
 ) -> dict[str, float]:
