@@ -18,7 +18,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from agentcap.agents.agent import MissingWeightsError
-from agentcap.callbacks import SampleTable, TickCheckpoint
+from agentcap.callbacks import SampleTable, TickCheckpoint, TickStep
 from agentcap.module import GRPOModule
 import agentcap.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn)
 
@@ -75,6 +75,7 @@ class AgentcapCLI(LightningCLI):
         super().instantiate_classes()
         self.trainer.callbacks.append(TickCheckpoint(every=self.run_config.get("checkpoint_every", 10)))
         self.trainer.callbacks.append(SampleTable())
+        self.trainer.callbacks.insert(0, TickStep())
         for logger in self.trainer.loggers:  # Lightning passes wandb a setting it deprecates ("anonymous")
             if getattr(logger, "_wandb_init", {}).get("anonymous", True) is None:
                 logger._wandb_init.pop("anonymous")
@@ -83,7 +84,7 @@ class AgentcapCLI(LightningCLI):
         """The resolved config, as `config.yaml` holds it, to every logger."""
         import yaml
 
-        config = yaml.safe_load(self._parser(self.subcommand).dump(self.run_config, skip_none=False))
+        config = yaml.safe_load(self._parser(self.subcommand).dump(self.run_config))
         for logger in self.trainer.loggers:
             logger.log_hyperparams(config)
 

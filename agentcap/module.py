@@ -42,7 +42,8 @@ from agentcap.agents.reference import Reference
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.algorithms.loop import normalize_by_type
 from agentcap.evaluation.hooks import EvaluationHooks
-from agentcap.logs import emit, rollout_metrics, sample_rows
+from agentcap.evaluation.tasks import reference_field
+from agentcap.logs import StepClock, emit, rollout_metrics, sample_rows
 from agentcap.optim import build_optimizer, optimizer_step
 from agentcap.replay import Replay
 from agentcap.resume import ResumeHooks
@@ -214,7 +215,10 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         rank, _ = distributed.world()
         seed = self.seed * 1_000_003 + self.tick * 10_007 + rank * 101
         torch.manual_seed(seed)  # sampling repeats exactly, also after a resume
-        batch = self.splits.driver("train", stage).run(items, self.group_size, seed=seed, sample_agents={agent.name})
+        clock = StepClock(self.device)
+        driver = self.splits.driver("train", stage)
+        batch = driver.run(items, self.group_size, seed=seed, sample_agents={agent.name})
+        clock.mark("rollout")
         spans = batch.spans_of(agent.name)
         # advantages: group-normalised utilities per (group, kind) — READ Eq. 1 / LOOP Eq. 17
         advantages = normalize_by_type(
@@ -224,13 +228,16 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         for span, advantage in zip(spans, advantages.tolist()):
             span.advantage = advantage
         stats = self.update(agent, spans)
+        clock.mark("update")
         metrics = rollout_metrics(batch, spans, stats, agent.name)
+        metrics.update(clock.metrics(sum(s.completion_ids.numel() for s in batch.spans)))
         self.log("reward/total", metrics["reward/total"], prog_bar=True, logger=False)
         metrics.update({f"data/{split}/skipped_rows": float(n) for split, n in self.splits.skipped_rows.items()})
         metrics["stage"] = float(self._stage_index or 0)
         self._emit(metrics, mean_over_ranks=[k for k in metrics if k.startswith("reward/")])
         if step % max(self.sample_every, 1) == 0:  # the first step of every stage, then every N
-            self.samples = sample_rows(batch, stage.name, self.tick, self.group_size)
+            self.samples = sample_rows(batch, stage.name, self.tick, self.group_size,
+                                       reference_field(driver.scorer.unwrapped))
 
     def update(self, agent: Agent, spans: Sequence[Span]) -> dict[str, float]:
         """``ppo_epochs`` passes of clipped updates over this rank's spans (global normalisation)."""
