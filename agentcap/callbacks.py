@@ -41,6 +41,18 @@ class TickCheckpoint(L.Callback):
         trainer.strategy.barrier("agentcap-checkpoint")
 
 
+class TickStep(L.Callback):
+    """Keeps Lightning's ``global_step`` equal to the schedule tick.
+
+    The module steps its own optimisers (one per stage), which Lightning does not count, so
+    ``global_step`` would stay 0 and ``ModelCheckpoint`` would never save (it skips a step it has
+    saved at). A resumed run continues at its tick, not at Lightning's reset counter.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int):
+        trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress.total.completed = pl_module.tick
+
+
 class SampleTable(L.Callback):
     """Logs the module's latest sample trajectories: a W&B table, or JSONL for other loggers."""
 
@@ -54,10 +66,12 @@ class SampleTable(L.Callback):
         if not samples or not trainer.is_global_zero or samples[0]["tick"] == self._last_tick:
             return
         self._last_tick = samples[0]["tick"]
-        rows = [[s.get(c) for c in self.columns] for s in samples]
+        # the fixed columns, then what the rows add (the reference, each reward component)
+        columns = [*self.columns, *dict.fromkeys(k for s in samples for k in s if k not in self.columns)]
+        rows = [[s.get(c) for c in columns] for s in samples]
         for logger in trainer.loggers:
             if hasattr(logger, "log_table"):
-                logger.log_table(key="samples", columns=list(self.columns), data=rows, step=pl_module.tick)
+                logger.log_table(key="samples", columns=columns, data=rows, step=pl_module.tick)
         os.makedirs(pl_module.run_dir, exist_ok=True)
         with open(os.path.join(pl_module.run_dir, "samples.jsonl"), "a", encoding="utf-8") as handle:
             for s in samples:

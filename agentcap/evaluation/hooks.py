@@ -2,7 +2,13 @@
 hooks and the ``evaluate`` stages of a schedule, all through :func:`evaluate_rollouts`.
 
 A mixin, so that the module file stays the training algorithm; it reads the module's ``splits``,
-``eval_limit``, ``generation_batch_size``, ``seed``, ``summary``, ``tick`` and ``run_dir``.
+``eval_limit``, ``generation_batch_size``, ``seed``, ``summary``, ``tick``, ``run_dir`` and
+``eval_metrics``.
+
+Evaluation metrics go to the loggers once, through ``emit``, and to Lightning through ``self.log``
+with ``logger=False``: that fills ``trainer.callback_metrics`` (``ModelCheckpoint`` /
+``EarlyStopping`` can monitor ``eval/<stage>/<metric>``) without the loggers seeing a value
+repeated at every later tick.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import torch
 
 from agentcap import distributed
 from agentcap.evaluation.rollouts import evaluate_rollouts, write_summary
-from agentcap.logs import emit
+from agentcap.logs import emit, log_captions
 from agentcap.schedule import Stage
 
 
@@ -44,15 +50,33 @@ class EvaluationHooks:
     def evaluate(self, stage: Stage) -> dict[str, float]:
         """Rollouts on a held-out split (greedy unless the stage says otherwise); every reward
         component averaged over all ranks."""
+        captions: list[dict[str, Any]] = []
         result = evaluate_rollouts(
             self.splits.driver(stage.split, stage), self.eval_limit, self.generation_batch_size, stage.greedy,
             self.seed * 1_000_003 + self.tick * 10_007, self.device,  # sampled: per trajectory, any split
+            captioning=self.captioning(), captions=captions,
         )
         self.summary[stage.name] = result
-        emit(self.loggers, {f"eval/{stage.name}/{k}": v for k, v in result.items()}, self.tick)
+        metrics = {f"eval/{stage.name}/{k}": v for k, v in result.items()}
+        emit(self.loggers, metrics, self.tick)
+        self.log_dict(metrics, logger=False, batch_size=1)  # already synced over ranks
         if distributed.world()[0] == 0:
+            log_captions(self.loggers, self.run_dir, stage.name, captions, self.tick)
             self.write_summary()
         return result
+
+    def captioning(self):
+        """The papers' captioning metrics (``eval_metrics: papers``), one instance per module: METEOR's
+        JVM and the BERTScore encoder start once per run."""
+        if getattr(self, "eval_metrics", "rewards") != "papers":
+            return None
+        if getattr(self, "_captioning", None) is None:
+            from agentcap.evaluation.captioning import CaptionMetrics, warn
+
+            self._captioning = CaptionMetrics()
+            if distributed.world()[0] == 0:
+                warn(self._captioning.notes)
+        return self._captioning
 
     def write_summary(self) -> str:
         """``<run_dir>/summary.json``; `validate` / `test` add their entry to a training run's file."""

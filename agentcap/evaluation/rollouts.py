@@ -2,7 +2,10 @@
 
 Evaluations decode greedily unless the stage samples (the policy GRPO optimises), each trajectory
 from its own seed; each rank takes every ``world``-th item and the means are synced through
-torchmetrics, so N processes report what one would.
+torchmetrics, so N processes report what one would. With a
+:class:`~agentcap.evaluation.captioning.CaptionMetrics`, the captions of every rank are gathered
+and rank 0 adds the papers' metrics (:mod:`agentcap.evaluation.tasks`), which every rank then
+receives.
 """
 
 from __future__ import annotations
@@ -26,11 +29,19 @@ def evaluate_rollouts(
     greedy: bool,
     seed: int,
     device: torch.device | str = "cpu",
+    captioning: Any = None,
+    captions: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
-    """Means of the reward, each component and each numeric episode extra over the first ``limit`` items."""
+    """Means of the reward, each component and each numeric episode extra over the first ``limit``
+    items; with ``captioning``, also the papers' metrics. ``captions`` (a list) receives one row per
+    evaluated item (rank 0: every rank's): id, caption, reference, reward, components, trace."""
+    from agentcap.evaluation.tasks import caption_row
+
+    env = driver.scorer.unwrapped
+    rows: list[dict[str, Any]] = []
     n = len(driver.scorer.unwrapped.items)
     indices = list(range(n if limit is None else min(n, limit)))
-    _, size = world()
+    rank, size = world()
     mine, positions = share(indices, "evaluation items")
     metrics: dict[str, MeanMetric] = {}
     chunk = max(1, chunk)
@@ -39,7 +50,9 @@ def evaluate_rollouts(
         batch = driver.run(
             mine[start : start + chunk], group_size=1, greedy=greedy, seed=seed, positions=positions[start : start + chunk]
         )
-        for score in batch.scores:
+        for episode, score in zip(batch.episodes, batch.scores):
+            if captioning is not None or captions is not None:
+                rows.append(caption_row(env, episode, score))
             values: dict[str, Any] = {"reward": score.reward, **score.components}
             values.update({k: v for k, v in score.extras.items() if isinstance(v, (int, float))})
             for k, v in values.items():
@@ -50,6 +63,16 @@ def evaluate_rollouts(
     for k in names:
         metric = metrics.setdefault(k, MeanMetric().to(device))
         result[k] = float(metric.compute()) if metric.update_called or size > 1 else float("nan")
+    if captioning is not None or captions is not None:
+        every = [row for part in gather_objects(rows) for row in part]
+        if captions is not None and rank == 0:
+            captions.extend(every)
+        if captioning is not None:
+            from agentcap.evaluation.tasks import task_metrics
+
+            by_id = {str(item["id"]): item for item in env.items}
+            papers = task_metrics(env, [by_id[r["id"]] for r in every], every, captioning) if rank == 0 else None
+            result.update(gather_objects(papers)[0])
     return result
 
 

@@ -1,0 +1,101 @@
+"""What a run shows and logs: the results table, callback metrics, config, samples, captions, timing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from agentcap.cli import AgentcapCLI, main
+from agentcap.module import GRPOModule
+
+STAGES = [
+    {"name": "sft", "kind": "sft", "agent": "policy", "steps": 2},
+    {"name": "before", "kind": "evaluate", "split": "test"},
+    {"name": "grpo", "kind": "grpo", "agent": "policy", "steps": 2},
+    {"name": "after", "kind": "evaluate", "split": "test"},
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, toy_movie):
+    """One tiny READ fit, in process, with the papers' metrics and a checkpoint watching one of them."""
+    from conftest import read_config
+
+    pytest.importorskip("pycocoevalcap")
+    run_dir = tmp_path_factory.mktemp("run")
+    config = read_config(run_dir, toy_movie, STAGES, eval_metrics="papers")
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli = AgentcapCLI(
+            GRPOModule, datamodule_class=None, save_config_kwargs={"overwrite": True},
+            args=["fit", "--config", str(config), "--trainer.enable_checkpointing=true",
+                  "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                  "--trainer.callbacks.monitor=eval/after/bleu1", "--trainer.callbacks.mode=max",
+                  f"--trainer.callbacks.dirpath={run_dir / 'best'}"],
+        )
+    return cli, run_dir, out.getvalue()
+
+
+def test_fit_ends_with_the_table_of_summary_json(run):
+    cli, run_dir, stdout = run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lines = stdout.strip().splitlines()
+    assert lines[-1].endswith("summary.json")
+    header = next(line for line in lines if line.startswith("metric"))
+    assert [c.strip() for c in header.split("|")] == ["metric", "before", "after"]
+    table = {c[0].strip(): [v.strip() for v in c[1:]] for c in (line.split("|") for line in lines) if len(c) == 3}
+    for metric in ("reward", "accuracy", "bleu1", "bleu4", "rouge_l", "cider_d", "bertscore", "recall@1/5"):
+        assert table[metric] == [f"{summary[s][metric]:.4f}" for s in ("before", "after")], metric
+
+
+def test_eval_metrics_reach_callback_metrics_and_a_monitor(run):
+    cli, run_dir, _ = run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = cli.trainer.callback_metrics
+    assert float(metrics["eval/after/bleu1"]) == pytest.approx(summary["after"]["bleu1"])
+    assert float(metrics["eval/before/reward"]) == pytest.approx(summary["before"]["reward"])
+    checkpoint = cli.trainer.checkpoint_callback
+    assert checkpoint.monitor == "eval/after/bleu1"
+    assert float(checkpoint.best_model_score) == pytest.approx(summary["after"]["bleu1"])
+    assert list((run_dir / "best").glob("*.ckpt"))
+
+
+def test_config_samples_captions_and_timing_are_logged(run):
+    cli, run_dir, _ = run
+    hparams = yaml.safe_load(next(run_dir.rglob("hparams.yaml")).read_text())
+    assert hparams["model"]["group_size"] == 4 and hparams["model"]["stages"][0]["name"] == "sft"
+    sample = json.loads((run_dir / "samples.jsonl").read_text().splitlines()[0])
+    assert {"reference", "reward", "reward/accuracy", "reward/format", "reward/length"} <= set(sample)
+    captions = [json.loads(line) for line in (run_dir / "captions" / "after.jsonl").read_text().splitlines()]
+    assert len(captions) == 4 and {"id", "caption", "reference", "reward", "reward/accuracy"} <= set(captions[0])
+    header = next(run_dir.rglob("metrics.csv")).read_text().splitlines()[0].split(",")
+    for name in ("time/rollout_s", "time/update_s", "throughput/generated_tokens_per_s", "memory/peak_rss_gib"):
+        assert name in header, name
+
+
+def test_test_subcommand_prints_the_table_and_logs_a_named_child_run(run, capsys):
+    cli, run_dir, _ = run
+    config = run_dir / "config.yaml"
+    main(["test", "--config", str(config), "--model.eval_metrics=rewards",
+          "--trainer.logger=lightning.pytorch.loggers.CSVLogger", f"--trainer.logger.save_dir={run_dir}",
+          "--trainer.logger.name=demo"])
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("metric"))
+    assert [c.strip() for c in header.split("|")] == ["metric", "before", "after", "test"]
+    assert (run_dir / "demo-test").is_dir()  # not a second "demo" run
+
+
+def test_child_run_names():
+    from agentcap.cli import child_run_names
+
+    wandb = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"name": "read-demo"}}
+    child_run_names(wandb, "test")
+    assert wandb["init_args"] == {"name": "read-demo-test", "group": "read-demo"}
+    fit = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"name": "read-demo"}}
+    child_run_names(fit, "fit")
+    assert fit["init_args"] == {"name": "read-demo"}
