@@ -28,8 +28,8 @@ class CaptionEnv(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}
     #: Fields every manifest row must carry, with their types; checked on load.
     required_fields: dict[str, type | tuple[type, ...]] = {}
-    #: The most actions one episode can take (the rollout driver's turn limit); None: unknown.
-    max_actions: int | None = 1
+    #: The most actions one episode can take (the rollout driver's turn limit); None: unknown (64).
+    max_actions: int | None = None
 
     def __init_subclass__(cls, **kwargs):
         """Every task's ``Literal``-typed arguments refuse a value outside their choices (a typo)."""

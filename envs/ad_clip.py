@@ -61,6 +61,7 @@ class ADClipEnv(CaptionEnv):
     """
 
     required_fields = {"id": str, "duration": (int, float), "characters": list, "ad": str, "context": list}
+    max_actions = 1  # single step
 
     def __init__(
         self,

@@ -69,6 +69,7 @@ class ClozeCaptionEnv(CaptionEnv):
     """
 
     required_fields = {"id": str, "audio": str, "caption": str, "cloze": list, "anchors": list}
+    max_actions = 1  # single step
 
     def __init__(
         self,
