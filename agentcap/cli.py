@@ -76,7 +76,7 @@ class AgentcapCLI(LightningCLI):
             if self.trainer.is_global_zero:
                 _move_aside(run_dir)
             return
-        last = latest_checkpoint(run_dir) if self.trainer.is_global_zero or os.path.isdir(run_dir) else None
+        last = latest_checkpoint(run_dir)
         if last is None:
             return
         changed = _changed_keys(os.path.join(run_dir, "config.yaml"), self._dumped())

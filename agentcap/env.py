@@ -96,6 +96,11 @@ class CaptionEnv(gym.Env):
             for e in batch.episodes
         ]
 
+    def caption_chunks(self, items: Sequence[dict[str, Any]], size: int) -> list[list[dict[str, Any]]]:
+        """Split ``items`` into groups that ``caption`` can run apart (``agentcap caption`` writes each
+        group's rows when it is done and retries a failed group unit by unit: ``size=1``)."""
+        return [list(items[i : i + size]) for i in range(0, len(items), max(1, size))]
+
     # --- gymnasium API ------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)

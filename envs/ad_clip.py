@@ -199,6 +199,15 @@ class ADClipEnv(CaptionEnv):
                 )
         return results
 
+    def caption_chunks(self, items: Sequence[dict[str, Any]], size: int) -> list[list[dict[str, Any]]]:
+        """Whole movies, ``size`` at a time: a clip's context is its movie's previous ADs."""
+        movies: dict[str, list[dict[str, Any]]] = {}
+        for item in items:
+            movies.setdefault(str(item.get("movie", item["id"])), []).append(item)
+        groups = list(movies.values())
+        step = max(1, size)
+        return [[clip for movie in groups[i : i + step] for clip in movie] for i in range(0, len(groups), step)]
+
     # --- scoring ------------------------------------------------------------------------------
     @property
     def scorer(self):

@@ -137,7 +137,9 @@ class ClozeCaptionEnv(CaptionEnv):
 
     def item_from_audio(self, path: str) -> dict[str, Any]:
         """An unlabelled item for inference on a raw audio file."""
-        return {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "cloze": [], "anchors": []}
+        row = {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "cloze": [], "anchors": []}
+        row["duration"] = check_audio(row, "audio", path)  # a missing, empty or undecodable file is named here
+        return row
 
     # --- episode ------------------------------------------------------------------------------
     def begin(self, episode: Episode) -> dict[str, Any]:

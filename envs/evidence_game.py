@@ -175,7 +175,9 @@ class EvidenceGameEnv(CaptionEnv):
         row["_questions"] = [Question.from_row(q, f"{where}: mcq[{j}]") for j, q in enumerate(row["mcq"])]
 
     def item_from_audio(self, path: str) -> dict[str, Any]:
-        return {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "mcq": []}
+        row = {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "mcq": []}
+        row["duration"] = check_audio(row, "audio", path)  # a missing, empty or undecodable file is named here
+        return row
 
     # --- observations -------------------------------------------------------------------------
     def _waveform(self, item: Mapping[str, Any]):
