@@ -111,8 +111,9 @@ class ClozeCaptionEnv(CaptionEnv):
         self._temporal = None
 
     def check_item(self, row: dict[str, Any], where: str) -> None:
-        from agentcap.judges.examiner import Question
+        from agentcap.judges.examiner import BLANK, Question
 
+        check_duration(row, where)
         row.setdefault("duration", check_audio(row, "audio", where))  # a corrupt file fails here, at load
         if not row["caption"].strip():
             raise ManifestError(f"{where}: field 'caption' (the gold caption) is empty")
