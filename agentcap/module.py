@@ -29,6 +29,7 @@ hooks from ``resume``.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Literal
