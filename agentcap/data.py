@@ -8,8 +8,8 @@ Rows that cannot be used are either refused at load (``on_error="raise"``) or sk
 from __future__ import annotations
 
 import json
-import logging
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +17,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-
-logger = logging.getLogger("agentcap")
 
 
 class ManifestError(ValueError):
@@ -210,9 +208,15 @@ def warn_truncation(items: list[dict[str, Any]], max_seconds: float | None, name
         return 0
     long = [float(i["duration"]) for i in items if isinstance(i.get("duration"), (int, float))
             and float(i["duration"]) > max_seconds]
-    if long:
-        logger.warning(
-            "%s: %d of %d clips are longer than max_seconds=%s and are cut to it (longest %.1f s)",
-            name, len(long), len(items), max_seconds, max(long),
+    if long:  # a warning, not a log record: it shows whatever logging configuration the program has
+        warnings.warn(
+            f"{name}: {len(long)} of {len(items)} clips are longer than max_seconds={max_seconds} and are cut "
+            f"to it (longest {max(long):.1f} s)",
+            TruncationWarning,
+            stacklevel=2,
         )
     return len(long)
+
+
+class TruncationWarning(UserWarning):
+    """Audio will be cut at ``max_seconds``."""
