@@ -1,9 +1,11 @@
 """The ``agentcap`` command: LightningCLI's fit / validate / test / predict, plus the commands of
 :data:`COMMANDS` (``envs``, ``caption``, ``evaluate``, ``plan``, …), each with its own argparse parser.
 
-``fit`` resumes from ``<run_dir>/checkpoints/last.ckpt`` when it exists, so re-running a killed
-command continues at the same stage and step. Unknown keys and wrong types are refused by
-jsonargparse before anything is built.
+``fit`` resumes from the run's newest readable checkpoint (``<run_dir>/checkpoints``), so re-running
+a killed command continues at the same stage and step; a run directory whose saved ``config.yaml``
+differs from the new config is refused unless ``--resume anyway`` (or ``fresh``). ``validate``,
+``test`` and ``predict`` load the run's newest checkpoint and refuse when there is none. Unknown keys
+and wrong types are refused by jsonargparse before anything is built.
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ import json
 import logging
 import os
 import sys
+import time
 import warnings
-from typing import Any
+from typing import Any, Literal
 
-from lightning.pytorch.cli import LightningCLI
+import yaml
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from agentcap.agents.agent import MissingWeightsError
-from agentcap.callbacks import SampleTable, TickCheckpoint, TickStep
+from agentcap.callbacks import SampleTable, TickCheckpoint, TickStep, latest_checkpoint
 from agentcap.module import GRPOModule
 import agentcap.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn / grpo_fsdp)
 
@@ -44,6 +48,13 @@ class AgentcapCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--checkpoint_every", type=int, default=10, help="Ticks between checkpoints.")
+        parser.add_argument("--checkpoint_keep", type=int, default=3, help="How many newest checkpoints to keep.")
+        parser.add_argument(
+            "--resume", type=Literal["auto", "anyway", "fresh"], default="auto",
+            help="fit on a run_dir with checkpoints: auto resumes only when the saved config.yaml has the same "
+                 "model and seed (else refuses, naming the keys); anyway resumes regardless; fresh moves the "
+                 "old run's files aside and starts again.",
+        )
         # everything a run writes (config.yaml, logs, checkpoints, summary) lands in its run_dir
         parser.link_arguments("model.run_dir", "trainer.default_root_dir")
         parser.set_defaults(
@@ -72,10 +83,14 @@ class AgentcapCLI(LightningCLI):
         if trainer.get("strategy") in ("ddp", "ddp_spawn", "fsdp"):
             trainer["strategy"] = "grpo_" + trainer["strategy"]
         child_run_names(trainer.get("logger"), self.subcommand)
+        _loggers_into_run_dir(trainer, self.run_config["model"]["run_dir"])
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
-        self.trainer.callbacks.append(TickCheckpoint(every=self.run_config.get("checkpoint_every", 10)))
+        config = self.run_config
+        self.trainer.callbacks.append(
+            TickCheckpoint(every=config.get("checkpoint_every", 10), keep=config.get("checkpoint_keep", 3))
+        )
         self.trainer.callbacks.append(SampleTable())
         self.trainer.callbacks.insert(0, TickStep())
         for logger in self.trainer.loggers:  # Lightning passes wandb a setting it deprecates ("anonymous")
@@ -104,14 +119,51 @@ class AgentcapCLI(LightningCLI):
     def before_fit(self) -> None:
         self.log_config()
         kwargs = self.config_init[self.subcommand]
-        last = TickCheckpoint.path(self.model.run_dir)
-        if kwargs.get("ckpt_path") is None and os.path.isfile(last):
-            kwargs["ckpt_path"] = last
-            kwargs["weights_only"] = True  # agentcap checkpoints hold tensors and plain containers only
+        run_dir, mode = self.model.run_dir, self.run_config.get("resume", "auto")
+        if kwargs.get("ckpt_path") is not None:
+            return
+        if mode == "fresh":
             if self.trainer.is_global_zero:
-                print(f"agentcap: resuming from {last}", file=sys.stderr)
+                _move_aside(run_dir)
+            return
+        last = latest_checkpoint(run_dir)
+        if last is None:
+            return
+        changed = _changed_keys(os.path.join(run_dir, "config.yaml"), self._dumped())
+        if changed and mode == "auto":
+            raise SystemExit(
+                f"agentcap fit: {run_dir} holds a run started with another config ({'; '.join(changed)}).\n"
+                "Resume it with the old config, pass --resume anyway to continue with the new one, "
+                "--resume fresh to start over (the old files are moved aside), or choose another --model.run_dir."
+            )
+        if changed and self.trainer.is_global_zero:
+            print(f"agentcap: --resume anyway: continuing {run_dir} with changed {'; '.join(changed)}", file=sys.stderr)
+        kwargs["ckpt_path"] = last
+        kwargs["weights_only"] = True  # agentcap checkpoints hold tensors and plain containers only
+        if self.trainer.is_global_zero:
+            print(f"agentcap: resuming from {last}", file=sys.stderr)
+
+    def _dumped(self) -> dict[str, Any]:
+        """This command's config as ``config.yaml`` would hold it."""
+        return yaml.safe_load(self._parser(self.subcommand).dump(self.run_config, skip_none=False)) or {}
+
+    def _load_trained(self) -> None:
+        """validate / test / predict evaluate the run's newest checkpoint, never untrained weights."""
+        kwargs = self.config_init[self.subcommand]
+        if kwargs.get("ckpt_path") is not None:
+            return
+        last = latest_checkpoint(self.model.run_dir)
+        if last is None:
+            raise SystemExit(
+                f"agentcap {self.subcommand}: no checkpoint in {os.path.join(self.model.run_dir, 'checkpoints')}; "
+                "train first (agentcap fit --config …) or pass --ckpt_path"
+            )
+        kwargs["ckpt_path"], kwargs["weights_only"] = last, True
+        if self.trainer.is_global_zero:
+            print(f"agentcap: {self.subcommand} with {last}", file=sys.stderr)
 
     def before_validate(self) -> None:
+        self._load_trained()
         self.log_config()
 
     before_test = before_predict = before_validate
@@ -135,6 +187,73 @@ def child_run_names(logger: Any, subcommand: str | None) -> None:
         if str(entry.get("class_path", "")).endswith("WandbLogger"):
             init["group"] = init["name"]
         init["name"] = f"{init['name']}-{subcommand}"
+
+
+class RunConfig(SaveConfigCallback):
+    """``fit`` saves its config as ``<run_dir>/config.yaml`` (not in a logger folder shared by runs);
+    validate / test / predict leave it alone, so it stays the config the checkpoints were trained with."""
+
+    def __init__(self, parser, config, **kwargs):
+        super().__init__(parser, config, **{**kwargs, "save_to_log_dir": False})
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            os.makedirs(pl_module.run_dir, exist_ok=True)
+            self.parser.save(self.config, os.path.join(pl_module.run_dir, "config.yaml"), skip_none=False,
+                             overwrite=True)
+
+
+def _loggers_into_run_dir(trainer: Any, run_dir: str) -> None:
+    """Point every configured logger's ``save_dir`` at the run's folder."""
+    loggers = trainer.get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        init = getattr(logger, "init_args", None) if logger is not None else None
+        if init is None:
+            continue
+        before = init.get("save_dir")
+        if before not in (None, run_dir):
+            print(f"agentcap: logger save_dir {before} → {run_dir} (everything a run writes is in its run_dir)",
+                  file=sys.stderr)
+        init["save_dir"] = run_dir
+        if init.get("dir") is not None:  # WandbLogger's alias of save_dir
+            init["dir"] = run_dir
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: tree}
+
+
+#: What a resumed run must share with its start: everything that decides the results.
+RESUME_KEYS = ("model", "seed_everything")
+
+
+def _changed_keys(saved_path: str, current: dict[str, Any]) -> list[str]:
+    """``--key: saved → now`` for every result-deciding key that differs from the run's saved config."""
+    if not os.path.isfile(saved_path):
+        return []
+    with open(saved_path, encoding="utf-8") as handle:
+        saved = yaml.safe_load(handle) or {}
+    old = _flatten({k: saved.get(k) for k in RESUME_KEYS})
+    new = _flatten({k: current.get(k) for k in RESUME_KEYS})
+    return [f"--{k}: {old.get(k)!r} → {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def _move_aside(run_dir: str) -> None:
+    """``--resume fresh``: the old run's files go to ``<run_dir>/replaced-<UTC time>/``, nothing is deleted."""
+    names = [n for n in ("checkpoints", "summary.json", "samples.jsonl", "tokenizers", "config.yaml",
+                         "predictions.jsonl") if os.path.exists(os.path.join(run_dir, n))]
+    if not names:
+        return
+    target = os.path.join(run_dir, time.strftime("replaced-%Y%m%dT%H%M%SZ", time.gmtime()))
+    os.makedirs(target, exist_ok=True)
+    for name in names:
+        os.replace(os.path.join(run_dir, name), os.path.join(target, name))
+    print(f"agentcap: --resume fresh: moved the old run's {', '.join(names)} to {target}", file=sys.stderr)
 
 
 def envs_command(argv: list[str]) -> int:
@@ -209,7 +328,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
     program, sys.argv = sys.argv, sys.argv[:1]  # `argv` is the command line: LightningCLI must not see both
     try:
-        AgentcapCLI(GRPOModule, datamodule_class=None, args=argv, save_config_kwargs={"overwrite": True})
+        AgentcapCLI(GRPOModule, datamodule_class=None, args=argv, save_config_callback=RunConfig,
+                    save_config_kwargs={"overwrite": True})
     except MissingWeightsError as err:
         print(f"agentcap: {err}{_demo_hint(argv)}", file=sys.stderr)
         raise SystemExit(2) from None

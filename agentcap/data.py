@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ def read_manifest(
     report: SkipReport | None = None,
 ) -> list[dict[str, Any]]:
     """Read a JSONL manifest; each row is checked for ``required`` fields and by ``check``."""
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if not os.path.isfile(path):
         raise ManifestError(f"{path}: manifest not found")
     report = report if report is not None else SkipReport()
@@ -132,17 +135,31 @@ def load_audio(path: str, sample_rate: int, where: str = "", max_seconds: float 
     return mono.numpy().astype(np.float32)
 
 
+#: How far a decoded length may fall short of (or exceed) the header's: 2 % or 0.1 s, whichever is
+#: larger (MP3 / Vorbis headers count encoder padding; a truncated file misses far more).
+DECODE_TOLERANCE = (0.02, 0.1)
+
+
+class AudioDecodeError(ManifestError):
+    """The audio file opens but does not decode to what its header promises (truncated, zero frames)."""
+
+
 def check_audio(row: dict[str, Any], field: str, where: str) -> float:
-    """Refuse a row whose audio is missing, empty or unreadable at load time; returns its duration."""
+    """Refuse a row whose audio is missing, empty, unreadable or does not decode; returns its duration.
+
+    The duration is the *decoded* length: a truncated MP3's header still announces the whole clip,
+    and the duration curriculum must not believe it.
+    """
     path = resolve(row[field], row.get("_manifest"))
     if not os.path.isfile(path):
         raise ManifestError(f"{where}: field {field!r}: file {path!r} not found")
     if os.path.getsize(path) == 0:
         raise ManifestError(f"{where}: field {field!r}: file {path!r} is empty")
-    return audio_duration(path, f"{where}: field {field!r}")
+    return decoded_duration(path, f"{where}: field {field!r}")
 
 
 def audio_duration(path: str, where: str = "") -> float:
+    """The header's duration (cheap; does not decode). ``decoded_duration`` is the checked one."""
     import soundfile
 
     try:
@@ -150,3 +167,56 @@ def audio_duration(path: str, where: str = "") -> float:
     except Exception as err:
         raise ManifestError(f"{where}: audio file {path!r} is unreadable ({err})") from None
     return float(info.frames) / float(info.samplerate)
+
+
+def decoded_duration(path: str, where: str = "") -> float:
+    """Decode the whole file and check its length against the header; returns seconds decoded."""
+    import soundfile
+
+    try:
+        info = soundfile.info(path)
+        frames = 0
+        with soundfile.SoundFile(path) as handle:  # read to the end: the header's count is not trusted
+            while block := len(handle.read(1 << 16, dtype="float32")):
+                frames += block
+    except Exception as err:
+        raise ManifestError(f"{where}: audio file {path!r} is unreadable ({err})") from None
+    rate = float(info.samplerate)
+    if frames == 0:
+        raise AudioDecodeError(f"{where}: audio file {path!r} has no audio frames (header: {info.frames} frames)")
+    relative, seconds = DECODE_TOLERANCE
+    if abs(frames - info.frames) > max(relative * info.frames, seconds * rate):
+        raise AudioDecodeError(
+            f"{where}: audio file {path!r} decodes to {frames} frames ({frames / rate:.3f} s) but its header "
+            f"says {info.frames} ({info.frames / rate:.3f} s): truncated or damaged; re-encode or drop it"
+        )
+    return frames / rate
+
+
+def check_duration(row: dict[str, Any], where: str) -> None:
+    """A ``duration`` given in the manifest must be a finite number of seconds ≥ 0."""
+    value = row.get("duration")
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+        raise ManifestError(f"{where}: field 'duration' must be a number of seconds ≥ 0, got {value!r}")
+
+
+def warn_truncation(items: list[dict[str, Any]], max_seconds: float | None, name: str) -> int:
+    """Log how many clips ``load_audio`` will cut at ``max_seconds`` (never silently); returns the count."""
+    if max_seconds is None:
+        return 0
+    long = [float(i["duration"]) for i in items if isinstance(i.get("duration"), (int, float))
+            and float(i["duration"]) > max_seconds]
+    if long:  # a warning, not a log record: it shows whatever logging configuration the program has
+        warnings.warn(
+            f"{name}: {len(long)} of {len(items)} clips are longer than max_seconds={max_seconds} and are cut "
+            f"to it (longest {max(long):.1f} s)",
+            TruncationWarning,
+            stacklevel=2,
+        )
+    return len(long)
+
+
+class TruncationWarning(UserWarning):
+    """Audio will be cut at ``max_seconds``."""

@@ -28,6 +28,14 @@ class CaptionEnv(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}
     #: Fields every manifest row must carry, with their types; checked on load.
     required_fields: dict[str, type | tuple[type, ...]] = {}
+    #: The most actions one episode can take (the rollout driver's turn limit); None: unknown (64).
+    max_actions: int | None = None
+
+    def __init_subclass__(cls, **kwargs):
+        """Every task's ``Literal``-typed arguments refuse a value outside their choices (a typo)."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _checking_choices(cls.__dict__["__init__"])
 
     def __init__(
         self,
@@ -60,6 +68,7 @@ class CaptionEnv(gym.Env):
         self.action_space = FreeText()
         self.episode: Episode | None = None
         self._obs: dict[str, Any] | None = None
+        self._finished = False
 
     # --- what a task writes -------------------------------------------------------------------
     def check_item(self, row: dict[str, Any], where: str) -> None:
@@ -87,6 +96,11 @@ class CaptionEnv(gym.Env):
             for e in batch.episodes
         ]
 
+    def caption_chunks(self, items: Sequence[dict[str, Any]], size: int) -> list[list[dict[str, Any]]]:
+        """Split ``items`` into groups that ``caption`` can run apart (``agentcap caption`` writes each
+        group's rows when it is done and retries a failed group unit by unit: ``size=1``)."""
+        return [list(items[i : i + size]) for i in range(0, len(items), max(1, size))]
+
     # --- gymnasium API ------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -99,12 +113,15 @@ class CaptionEnv(gym.Env):
                 raise IndexError(f"reset(options={{'index': {index}}}): only {len(self.items)} items")
             item = self.items[index]
         self.episode = Episode(item=item, group=int(options.get("group", 0)))
+        self._finished = False
         self._obs = self.begin(self.episode)
         return self._obs, {"index": index}
 
     def step(self, action: str):
         if self.episode is None or self._obs is None:
             raise RuntimeError("call reset() before step()")
+        if self._finished:
+            raise RuntimeError("this episode is over; call reset() before step()")
         if not isinstance(action, str):
             raise TypeError(f"actions are text; got {type(action).__name__}: {action!r}")
         episode, acting = self.episode, self._obs["agent"]
@@ -116,6 +133,7 @@ class CaptionEnv(gym.Env):
             self._obs = next_obs
             return next_obs, 0.0, False, False, info
         info["episode"] = episode
+        self._finished = True
         final_obs = copy.deepcopy(self._obs)  # the caller owns what it is given; nothing is shared
         if self.defer_scoring:
             return final_obs, 0.0, True, False, info
@@ -131,3 +149,33 @@ class CaptionEnv(gym.Env):
     @staticmethod
     def observation(agent: str, messages: list[dict[str, str]], media: dict[str, Any] | None = None):
         return {"agent": agent, "messages": messages, "media": dict(media or {})}
+
+
+def _checking_choices(init):
+    """Wrap ``init`` so that an argument typed ``Literal[...]`` must be one of its choices."""
+    import difflib
+    import functools
+    import inspect
+    import typing
+
+    signature = inspect.signature(init)
+    choices: dict[str, tuple] | None = None
+
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        nonlocal choices
+        if choices is None:  # resolved on first use: annotations are strings until the module is loaded
+            hints = typing.get_type_hints(init)
+            choices = {n: typing.get_args(h) for n, h in hints.items() if typing.get_origin(h) is Literal}
+        bound = signature.bind(self, *args, **kwargs)
+        for name, value in bound.arguments.items():
+            allowed = choices.get(name)
+            if allowed and value not in allowed:
+                close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    f"{type(self).__name__}: argument {name!r} must be one of {list(allowed)}, got {value!r}.{hint}"
+                )
+        init(self, *args, **kwargs)
+
+    return checked

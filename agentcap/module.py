@@ -29,6 +29,7 @@ hooks from ``resume``.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -136,7 +137,10 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         self.automatic_optimization = False
         self.env_spec = env
         texts = env.texts() if any(cfg.build_tokenizer_from for cfg in agents.values()) else []
-        self.agents = torch.nn.ModuleDict({name: build_agent(name, cfg, texts) for name, cfg in agents.items()})
+        vocabulary = lambda name: os.path.join(run_dir, "tokenizers", f"{name}.json")  # noqa: E731  (kept by the run)
+        self.agents = torch.nn.ModuleDict(
+            {name: build_agent(name, cfg, texts, vocabulary=vocabulary(name)) for name, cfg in agents.items()}
+        )
         self.schedule = Schedule(stages, list(agents))
         self.group_size, self.rollout_batch_size = group_size, rollout_batch_size
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs

@@ -61,18 +61,35 @@ class RolloutDriver:
         make_env: Callable[[], CaptionEnv],
         agents: Mapping[str, Agent],
         generation_batch_size: int = 64,
-        max_turns: int = 64,
+        max_turns: int | None = None,
     ):
+        """``max_turns`` defaults to the environment's own bound (``max_actions``), else 64; a
+        limit below that bound is refused when the first environment is built, not mid-rollout."""
         self.make_env = make_env
         self.agents = agents
         self.generation_batch_size = generation_batch_size
-        self.max_turns = max_turns
+        self.requested_max_turns = max_turns
+        self.max_turns = 64 if max_turns is None else max_turns
         self.envs: list[CaptionEnv] = []
 
     def _pool(self, n: int) -> list[CaptionEnv]:
         while len(self.envs) < n:
             self.envs.append(self.make_env())
+            if len(self.envs) == 1:
+                self._set_max_turns(self.envs[0].unwrapped)
         return self.envs[:n]
+
+    def _set_max_turns(self, env: CaptionEnv) -> None:
+        bound = getattr(env, "max_actions", None)
+        if bound is None:
+            return
+        if self.requested_max_turns is None:
+            self.max_turns = bound
+        elif self.requested_max_turns < bound:
+            raise ValueError(
+                f"max_turns={self.requested_max_turns} is below {type(env).__name__}'s own bound of "
+                f"{bound} actions per episode; raise max_turns or leave it unset"
+            )
 
     @property
     def scorer(self) -> CaptionEnv:

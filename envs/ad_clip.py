@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from agentcap.data import ManifestError, load_features, resolve
+from agentcap.data import ManifestError, check_duration, load_features, resolve
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score
 
@@ -53,7 +53,8 @@ class ADClipEnv(CaptionEnv):
     ``frames``. context_ratio: share of context-aware instances (READ: 3:1 → 0.75).
     prompt: ``paper`` (Listings 1–2) or ``compact`` (a short prompt for the tiny offline models).
     scorer: folder of the coherence LM (``tools/train_coherence_scorer.py``). weights, tau, top_k,
-    levels, tolerance, ngram: READ's reward constants.
+    levels, tolerance, ngram: READ's reward constants. on_error: ``skip`` drops unusable rows and
+    counts them; more than ``max_skip_fraction`` stops.
 
     ## Version history
     v0: first version.
@@ -62,6 +63,7 @@ class ADClipEnv(CaptionEnv):
     required_fields = {"id": str, "duration": (int, float), "characters": list, "ad": str, "context": list}
     #: The reference caption of an item (``agentcap evaluate``).
     reference_field = "ad"
+    max_actions = 1  # single step
 
     def __init__(
         self,
@@ -79,10 +81,15 @@ class ADClipEnv(CaptionEnv):
         ngram: int = 3,
         mix_seed: int = 0,
         defer_scoring: bool = False,
+        on_error: Literal["raise", "skip"] = "raise",
+        max_skip_fraction: float = 0.1,
     ):
         if not 0.0 <= context_ratio <= 1.0:
             raise ValueError(f"context_ratio must be in [0, 1], got {context_ratio}")
-        super().__init__(manifest=manifest, items=items, defer_scoring=defer_scoring)
+        super().__init__(
+            manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
+            max_skip_fraction=max_skip_fraction,
+        )
         self.context_ratio = context_ratio
         self.prompt_style = prompt
         self.scorer_path = scorer
@@ -93,6 +100,7 @@ class ADClipEnv(CaptionEnv):
         self._scorer = None
 
     def check_item(self, row: dict[str, Any], where: str) -> None:
+        check_duration(row, where)
         if not row["ad"].strip():
             raise ManifestError(f"{where}: field 'ad' (the reference AD) is empty")
         if "features" not in row and "frames" not in row:
@@ -196,6 +204,15 @@ class ADClipEnv(CaptionEnv):
                      "context": item["context"], "response": response, "reference": item.get("ad")}
                 )
         return results
+
+    def caption_chunks(self, items: Sequence[dict[str, Any]], size: int) -> list[list[dict[str, Any]]]:
+        """Whole movies, ``size`` at a time: a clip's context is its movie's previous ADs."""
+        movies: dict[str, list[dict[str, Any]]] = {}
+        for item in items:
+            movies.setdefault(str(item.get("movie", item["id"])), []).append(item)
+        groups = list(movies.values())
+        step = max(1, size)
+        return [[clip for movie in groups[i : i + step] for clip in movie] for i in range(0, len(groups), step)]
 
     # --- scoring ------------------------------------------------------------------------------
     @property

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from agentcap.data import ManifestError, check_audio, load_audio, resolve
+from agentcap.data import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score
 from agentcap.judges import build_examiner, build_temporal_examiner
@@ -24,6 +24,8 @@ PROMPTS = {
 
 #: The reward components, in the order they are logged; ``weights`` may name only these.
 COMPONENTS = ("esr", "ectr", "length")
+#: How far (s) an anchor may pass the decoded clip end: rounding in hand-written timestamps.
+ANCHOR_SLACK = 0.1
 
 
 class ClozeCaptionEnv(CaptionEnv):
@@ -67,6 +69,7 @@ class ClozeCaptionEnv(CaptionEnv):
     """
 
     required_fields = {"id": str, "audio": str, "caption": str, "cloze": list, "anchors": list}
+    max_actions = 1  # single step
 
     def __init__(
         self,
@@ -94,6 +97,7 @@ class ClozeCaptionEnv(CaptionEnv):
             manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
             max_skip_fraction=max_skip_fraction,
         )
+        warn_truncation(self.items, max_seconds, type(self).__name__)
         self.prompt_style = prompt
         self.examiner_spec, self.temporal_spec, self.examiner_device = examiner, temporal_examiner, examiner_device
         self.examiner_readout = examiner_readout
@@ -107,22 +111,36 @@ class ClozeCaptionEnv(CaptionEnv):
         self._temporal = None
 
     def check_item(self, row: dict[str, Any], where: str) -> None:
-        from agentcap.judges.examiner import Question
+        from agentcap.judges.examiner import BLANK, Question
 
+        check_duration(row, where)
         row.setdefault("duration", check_audio(row, "audio", where))  # a corrupt file fails here, at load
         if not row["caption"].strip():
             raise ManifestError(f"{where}: field 'caption' (the gold caption) is empty")
         if not row["cloze"]:
             raise ManifestError(f"{where}: field 'cloze' is empty; every clip needs at least one question")
         row["_questions"] = [Question.from_row(q, f"{where}: cloze[{j}]") for j, q in enumerate(row["cloze"])]
+        for j, question in enumerate(row["_questions"]):
+            if not BLANK.search(question.passage):  # a cloze asks for the word in its blank (___)
+                raise ManifestError(
+                    f"{where}: cloze[{j}]: field 'passage' has no blank (three or more underscores), "
+                    f"got {question.passage!r}"
+                )
         if not row["anchors"]:
             raise ManifestError(f"{where}: field 'anchors' is empty; ECTR needs at least one event anchor")
         for j, anchor in enumerate(row["anchors"]):
             _check_anchor(anchor, f"{where}: anchors[{j}]")
+            if anchor["start"] > row["duration"] + ANCHOR_SLACK or anchor["end"] > row["duration"] + ANCHOR_SLACK:
+                raise ManifestError(
+                    f"{where}: anchors[{j}]: event {anchor['event']!r} ({anchor['start']}–{anchor['end']} s) "
+                    f"ends past the clip's end ({row['duration']:.3f} s)"
+                )
 
     def item_from_audio(self, path: str) -> dict[str, Any]:
         """An unlabelled item for inference on a raw audio file."""
-        return {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "cloze": [], "anchors": []}
+        row = {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "cloze": [], "anchors": []}
+        row["duration"] = check_audio(row, "audio", path)  # a missing, empty or undecodable file is named here
+        return row
 
     # --- episode ------------------------------------------------------------------------------
     def begin(self, episode: Episode) -> dict[str, Any]:

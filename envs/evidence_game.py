@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from agentcap.rewards.evidence import LoopConfig, composer_utilities, evidence_states, serialize_evidence
-from agentcap.data import ManifestError, check_audio, load_audio, resolve
+from agentcap.data import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score
 from agentcap_envs.cloze_caption import question_bank
@@ -134,7 +134,10 @@ class EvidenceGameEnv(CaptionEnv):
             manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
             max_skip_fraction=max_skip_fraction,
         )
+        warn_truncation(self.items, max_seconds, type(self).__name__)
         self.mode, self.budget, self.prompts = mode, budget, PROMPTS[prompt]
+        # c0, K questions and K answers, a stop, the final caption; one answer in instruct mode
+        self.max_actions = 2 * budget + 3 if mode == "game" else 1
         self.examiner_spec, self.examiner_device = examiner, examiner_device
         self.examiner_readout = examiner_readout
         self.loop = LoopConfig(question_cost=question_cost, stop_cost=stop_cost, preserve_weight=preserve_weight)
@@ -151,13 +154,30 @@ class EvidenceGameEnv(CaptionEnv):
     def check_item(self, row: dict[str, Any], where: str) -> None:
         from agentcap.judges.examiner import Question
 
+        check_duration(row, where)
         row.setdefault("duration", check_audio(row, "audio", where))  # a corrupt file fails here, at load
         if not row["mcq"]:
             raise ManifestError(f"{where}: field 'mcq' (the gold MCQ bank) is empty")
+        # the warm start's demonstrations read these; refuse them here, not as a bare KeyError there
+        short = row.get("short_caption")
+        if short is not None and (not isinstance(short, str) or not short.strip()):
+            raise ManifestError(f"{where}: field 'short_caption' must be a non-empty string, got {short!r}")
+        qa = row.get("qa", [])
+        if not isinstance(qa, list):
+            raise ManifestError(f"{where}: field 'qa' must be a list of {{question, answer}} objects, got {qa!r}")
+        for j, pair in enumerate(qa):
+            if not isinstance(pair, dict):
+                raise ManifestError(f"{where}: qa[{j}]: must be an object with 'question' and 'answer', got {pair!r}")
+            for name in ("question", "answer"):
+                if not isinstance(pair.get(name), str) or not pair[name].strip():
+                    got = "missing" if name not in pair else repr(pair[name])
+                    raise ManifestError(f"{where}: qa[{j}]: field {name!r} must be a non-empty string, got {got}")
         row["_questions"] = [Question.from_row(q, f"{where}: mcq[{j}]") for j, q in enumerate(row["mcq"])]
 
     def item_from_audio(self, path: str) -> dict[str, Any]:
-        return {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "mcq": []}
+        row = {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "mcq": []}
+        row["duration"] = check_audio(row, "audio", path)  # a missing, empty or undecodable file is named here
+        return row
 
     # --- observations -------------------------------------------------------------------------
     def _waveform(self, item: Mapping[str, Any]):

@@ -68,7 +68,8 @@ def test_wandb_offline_logger_works(tmp_path, toy_movie, make_read_config):
         "--trainer.logger.offline=true",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert list((tmp_path / "wandb").glob("offline-run-*")), "no offline W&B run was written"
+    # everything a run writes is under its run_dir, whatever save_dir the logger was given
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*")), "no offline W&B run was written"
 
 
 def test_killed_run_resumes_at_the_same_stage_and_step(tmp_path, toy_movie, make_read_config):
@@ -103,7 +104,9 @@ def test_killed_run_resumes_at_the_same_stage_and_step(tmp_path, toy_movie, make
     assert "after" in json.loads((tmp_path / "run" / "summary.json").read_text())
     # a changed schedule must not silently resume into the wrong stage
     other = fit(config, "--model.stages=[{name: other, kind: evaluate, split: val}]")
-    assert other.returncode != 0 and "written by another schedule" in other.stderr
+    assert other.returncode != 0 and "--model.stages" in other.stderr and "another config" in other.stderr
+    anyway = fit(config, "--model.stages=[{name: other, kind: evaluate, split: val}]", "--resume", "anyway")
+    assert anyway.returncode != 0 and "written by another schedule" in anyway.stderr
 
 
 USER_PACKAGE = '''
@@ -170,6 +173,7 @@ def test_user_environment_registers_and_trains_by_id(tmp_path):
 
 def test_validate_test_and_predict_subcommands(tmp_path, toy_movie, make_read_config):
     config = make_read_config(tmp_path / "run", toy_movie, STAGES[:1])
+    assert fit(config).returncode == 0  # they evaluate the run's last checkpoint, and refuse without one
     for command in ("validate", "test", "predict"):
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         result = subprocess.run([sys.executable, "-m", "agentcap.cli", command, "--config", str(config)],

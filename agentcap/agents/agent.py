@@ -229,19 +229,21 @@ class MissingWeightsError(FileNotFoundError):
 
 
 def build_agent(
-    name: str, config: AgentConfig, extra_texts: Sequence[str] = (), demo_hint: str = "configs/demo/"
+    name: str, config: AgentConfig, extra_texts: Sequence[str] = (), demo_hint: str = "configs/demo/",
+    vocabulary: str | None = None,
 ) -> Agent:
     """Load or build the model, tokenizer and family named by ``config``.
 
     ``extra_texts`` join ``build_tokenizer_from`` when a word-level tokenizer is built (the module
-    passes the environment's prompts and demonstrations, so every prompt word has an id).
+    passes the environment's prompts and demonstrations, so every prompt word has an id);
+    ``vocabulary`` is where that word list is saved and, once saved, reused instead.
     """
     dtype = getattr(torch, config.dtype)
     processor = None
     sources = [x for x in (config.model, config.toy, config.tiny) if x is not None]
     if len(sources) != 1:
         raise ValueError(f"agents.{name}: give exactly one of model / toy / tiny (got {len(sources)})")
-    tokenizer = _load_tokenizer(name, config, extra_texts)
+    tokenizer = _load_tokenizer(name, config, extra_texts, vocabulary)
     if config.toy is not None:
         from agentcap.agents.toy import ToyConfig, ToyMediaLM
 
@@ -300,7 +302,11 @@ def build_agent(
     )
 
 
-def _load_tokenizer(name: str, config: AgentConfig, extra_texts: Sequence[str] = ()):
+def _load_tokenizer(name: str, config: AgentConfig, extra_texts: Sequence[str] = (), vocabulary: str | None = None):
+    if config.build_tokenizer_from and vocabulary is not None:
+        from agentcap.agents.tokenizer import saved_word_tokenizer
+
+        return saved_word_tokenizer(vocabulary, lambda: _load_tokenizer(name, config, extra_texts))
     if config.build_tokenizer_from:
         from agentcap.agents.tokenizer import build_word_tokenizer
 

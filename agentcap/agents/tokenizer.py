@@ -8,8 +8,10 @@ one a pretrained model takes.
 
 from __future__ import annotations
 
+import json
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -40,7 +42,30 @@ def build_word_tokenizer(texts: Iterable[str], extra_tokens: Iterable[str] = ())
     for text in texts:
         vocab_words.update(words(text))
     vocab_words.update(str(d) for d in range(10))
-    ordered = list(SPECIAL_TOKENS) + sorted(vocab_words - set(SPECIAL_TOKENS))
+    return word_tokenizer(list(SPECIAL_TOKENS) + sorted(vocab_words - set(SPECIAL_TOKENS)))
+
+
+def saved_word_tokenizer(path: str, build: Callable[[], PreTrainedTokenizerFast]) -> PreTrainedTokenizerFast:
+    """The vocabulary saved at ``path`` (a JSON list of words), else ``build()``'s, saved there.
+
+    A trained run's embedding rows are its vocabulary's ids: rebuilding it from another manifest
+    (``agentcap test`` on new data) would give other ids and another size, so a run keeps its own.
+    """
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as handle:
+            return word_tokenizer(json.load(handle))
+    tokenizer = build()
+    ordered = [w for w, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"  # every process may get here first; each writes the same list
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(ordered, handle)
+    os.replace(tmp, path)
+    return tokenizer
+
+
+def word_tokenizer(ordered: list[str]) -> PreTrainedTokenizerFast:
+    """The word-level tokenizer whose token ``i`` is ``ordered[i]`` (special tokens first)."""
     vocab = {w: i for i, w in enumerate(ordered)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.normalizer = normalizers.NFKC()

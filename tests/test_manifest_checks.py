@@ -1,0 +1,102 @@
+"""Every manifest field a task reads later is checked at load, as file:line: field (issue 11, case 7),
+choice-valued arguments refuse a typo, and a finished episode cannot be stepped again (case 8)."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium as gym
+import pytest
+
+import agentcap  # noqa: F401
+from agentcap.data import ManifestError, read_manifest
+
+
+def rows_of(world, split="train"):
+    rows = [json.loads(line) for line in (world / f"{split}.jsonl").read_text().splitlines()]
+    for row in rows:  # absolute paths: the manifest is rewritten elsewhere
+        for key in ("audio", "features"):
+            if key in row:
+                row[key] = str(world / row[key])
+    return rows
+
+
+def write(tmp_path, rows):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: r["qa"][0].pop("answer"), r"m.jsonl:2: qa\[0\]: field 'answer' must be a non-empty string, got missing"),
+        (lambda r: r.update(qa=[{"question": 3, "answer": "x"}]), r"m.jsonl:2: qa\[0\]: field 'question' .* got 3"),
+        (lambda r: r.update(short_caption=7), r"m.jsonl:2: field 'short_caption' must be a non-empty string, got 7"),
+        (lambda r: r.update(duration=-1.0), r"m.jsonl:2: field 'duration' must be a number of seconds ≥ 0, got -1.0"),
+        (lambda r: r.update(duration="long"), r"m.jsonl:2: field 'duration' .* got 'long'"),
+    ],
+)
+def test_evidence_game_rows_are_checked_at_load(tmp_path, toy_soundscapes, change, message):
+    rows = rows_of(toy_soundscapes)[:2]
+    assert rows[1].get("qa"), "the toy world gives warm-start QA pairs"
+    change(rows[1])
+    with pytest.raises(ManifestError, match=message):
+        gym.make("agentcap/EvidenceGame-v0", manifest=write(tmp_path, rows))
+
+
+def test_cloze_rows_are_checked_at_load(tmp_path, toy_soundscapes):
+    rows = rows_of(toy_soundscapes)[:1]
+    row = rows[0]
+    row["anchors"] = [{"event": "a late bark", "start": 1.0, "end": row["duration"] + 5}]
+    with pytest.raises(ManifestError, match=r"m.jsonl:1: anchors\[0\]: event 'a late bark' .* ends past the clip's end"):
+        gym.make("agentcap/ClozeCaption-v0", manifest=write(tmp_path, rows))
+    row = rows_of(toy_soundscapes)[0]
+    row["cloze"][1]["passage"] = "A dog barks."
+    with pytest.raises(ManifestError, match=r"m.jsonl:1: cloze\[1\]: field 'passage' has no blank"):
+        gym.make("agentcap/ClozeCaption-v0", manifest=write(tmp_path, [row]))
+    row = rows_of(toy_soundscapes)[0]
+    row["duration"] = True
+    with pytest.raises(ManifestError, match=r"m.jsonl:1: field 'duration' .* got True"):
+        gym.make("agentcap/ClozeCaption-v0", manifest=write(tmp_path, [row]))
+
+
+def test_ad_clip_duration_is_checked(tmp_path, toy_movie):
+    rows = rows_of(toy_movie, "val")[:1]
+    rows[0]["duration"] = -2
+    with pytest.raises(ManifestError, match=r"m.jsonl:1: field 'duration' must be a number of seconds ≥ 0, got -2"):
+        gym.make("agentcap/ADClip-v0", manifest=write(tmp_path, rows))
+
+
+def test_on_error_typo_is_refused(tmp_path, toy_soundscapes):
+    manifest = str(toy_soundscapes / "val.jsonl")
+    with pytest.raises(ValueError, match=r"argument 'on_error' must be one of \['raise', 'skip'\], got 'skp'. Did you mean 'skip'\?"):
+        gym.make("agentcap/ClozeCaption-v0", manifest=manifest, on_error="skp")
+    with pytest.raises(ValueError, match=r"argument 'mode' must be one of"):
+        gym.make("agentcap/EvidenceGame-v0", manifest=manifest, mode="games")
+    with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip', got 'Skip'"):
+        read_manifest(manifest, on_error="Skip")
+
+
+@pytest.mark.parametrize("env_id, world", [("agentcap/ADClip-v0", "toy_movie"), ("agentcap/ClozeCaption-v0", "toy_soundscapes")])
+def test_a_finished_episode_cannot_be_stepped(env_id, world, request):
+    env = gym.make(env_id, manifest=str(request.getfixturevalue(world) / "val.jsonl"), prompt="compact")
+    env.reset(seed=0, options={"index": 0})
+    _, _, terminated, _, _ = env.step("a dog barks")
+    assert terminated
+    with pytest.raises(RuntimeError, match="episode is over; call reset"):
+        env.step("a second action")
+    assert len(env.unwrapped.episode.actions) == 1
+    env.reset(seed=0, options={"index": 0})
+    env.step("again")  # a new episode steps as usual
+
+
+def test_max_turns_follow_the_environment_bound(toy_soundscapes):
+    from agentcap.rollout import RolloutDriver
+
+    manifest = str(toy_soundscapes / "val.jsonl")
+    make = lambda: gym.make("agentcap/EvidenceGame-v0", manifest=manifest, budget=40, prompt="compact")  # noqa: E731
+    driver = RolloutDriver(make, {})
+    assert driver.scorer.unwrapped.max_actions == 83 and driver.max_turns == 83  # c0 + 40 × (Q, A) + stop + final
+    with pytest.raises(ValueError, match="max_turns=64 is below EvidenceGameEnv's own bound of 83"):
+        RolloutDriver(make, {}, max_turns=64).scorer

@@ -1,0 +1,142 @@
+"""Resume is explicit and safe (issue 11, cases 4, 5, 6 and the samples table of case 8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from agentcap.callbacks import SampleTable, TickCheckpoint, checkpoints, latest_checkpoint
+from agentcap.cli import main
+
+STAGES = [{"name": "sft", "kind": "sft", "agent": "policy", "steps": 3}]
+
+
+@pytest.fixture
+def run(tmp_path, toy_movie, make_read_config):
+    """A tiny READ config kept outside its run_dir (``--resume fresh`` moves the run's files)."""
+    config = make_read_config(tmp_path / "run", toy_movie, STAGES, sft_batch_size=2)
+    moved = tmp_path / "config.yaml"
+    shutil.move(config, moved)
+    return moved, tmp_path / "run"
+
+
+def fit(config: Path, *extra: str) -> None:
+    main(["fit", "--config", str(config), "--checkpoint_every", "1", "--checkpoint_keep", "2", *extra])
+
+
+def test_checkpoints_keep_the_newest_n_and_last_points_at_the_newest(run):
+    config, run_dir = run
+    fit(config)
+    names = [os.path.basename(p) for p in checkpoints(str(run_dir))]
+    assert names == ["tick-000003.ckpt", "tick-000002.ckpt"]  # tick 1 was pruned (keep 2)
+    last = Path(TickCheckpoint.path(str(run_dir)))
+    assert last.read_bytes() == (run_dir / "checkpoints" / "tick-000003.ckpt").read_bytes()
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
+    assert (run_dir / "config.yaml").is_file()  # the run remembers the config it was started with
+
+
+def test_changed_config_is_refused_naming_the_keys(run, capsys):
+    config, run_dir = run
+    fit(config)
+    with pytest.raises(SystemExit) as refused:
+        fit(config, "--model.group_size", "2", "--model.sft_batch_size", "3")
+    message = str(refused.value)
+    assert "--model.group_size: 4 → 2" in message and "--model.sft_batch_size: 2 → 3" in message
+    assert "--resume anyway" in message and "--resume fresh" in message
+    before = (run_dir / "summary.json").read_bytes() if (run_dir / "summary.json").exists() else None
+    fit(config, "--model.group_size", "2", "--resume", "anyway")
+    assert "continuing" in capsys.readouterr().err
+    if before is not None:
+        assert (run_dir / "summary.json").read_bytes() == before
+    fit(config, "--resume", "fresh")
+    aside = list(run_dir.glob("replaced-*"))
+    assert len(aside) == 1 and (aside[0] / "checkpoints").is_dir()
+    assert torch.load(TickCheckpoint.path(str(run_dir)), weights_only=True)["agentcap"]["tick"] == 3
+    with pytest.raises(SystemExit):  # a typo in the choice is refused by the parser
+        fit(config, "--resume", "anyhow")
+
+
+def test_a_corrupt_newest_checkpoint_is_reported_and_the_previous_one_used(run, capsys):
+    config, run_dir = run
+    fit(config)
+    newest = run_dir / "checkpoints" / "tick-000003.ckpt"
+    with open(TickCheckpoint.path(str(run_dir)), "r+b") as handle:  # truncate last.ckpt (and its link)
+        handle.truncate(1000)
+    reports: list[str] = []
+    assert latest_checkpoint(str(run_dir), reports.append) == str(run_dir / "checkpoints" / "tick-000002.ckpt")
+    assert any(TickCheckpoint.path(str(run_dir)) in r for r in reports)
+    assert any(str(newest) in r and "unreadable" in r for r in reports)
+    capsys.readouterr()
+    fit(config)  # resumes from tick 2 and redoes tick 3
+    err = capsys.readouterr().err
+    assert f"resuming from {run_dir / 'checkpoints' / 'tick-000002.ckpt'}" in err
+    assert torch.load(newest, weights_only=True)["agentcap"]["tick"] == 3
+
+
+def test_garbage_and_missing_checkpoints(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    assert latest_checkpoint(str(tmp_path), print) is None
+    (folder / "last.ckpt").write_bytes(b"not a zip at all")
+    torch.save({"no": "state"}, folder / "tick-000004.ckpt")
+    torch.save({"state_dict": {}}, folder / "tick-000002.ckpt")
+    reports: list[str] = []
+    assert latest_checkpoint(str(tmp_path), reports.append) == str(folder / "tick-000002.ckpt")
+    assert len(reports) == 3 and "no 'state_dict'" in reports[1]
+
+
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+def test_evaluation_refuses_a_run_without_checkpoint(run, command):
+    config, run_dir = run
+    with pytest.raises(SystemExit, match=rf"agentcap {command}: no checkpoint in {run_dir / 'checkpoints'}"):
+        main([command, "--config", str(config)])
+    assert not (run_dir / "predictions.jsonl").exists()
+
+
+def test_test_on_a_new_manifest_reuses_the_run_vocabulary(run, toy_movie, tmp_path, capsys):
+    config, run_dir = run
+    fit(config)
+    saved = json.loads((run_dir / "tokenizers" / "policy.json").read_text())
+    rows = [json.loads(line) for line in (toy_movie / "test.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["features"] = str(toy_movie / row["features"])
+        row["ad"] = "Zyxwv quietly unfolds a crimson parasol ."  # words the run has never seen
+        row["characters"] = ["Zyxwv"]
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capsys.readouterr()
+    main(["test", "--config", str(config), f"--model.env.test={{manifest: {other}}}"])
+    assert f"test with {run_dir / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().err
+    assert "test" in json.loads((run_dir / "summary.json").read_text())
+    assert json.loads((run_dir / "tokenizers" / "policy.json").read_text()) == saved
+
+
+def test_logger_files_land_in_the_run_dir(run, tmp_path):
+    config, run_dir = run
+    shared = tmp_path / "shared"
+    result = subprocess.run(  # a process of its own: W&B keeps global state
+        [sys.executable, "-m", "agentcap.cli", "fit", "--config", str(config),
+         "--trainer.logger=lightning.pytorch.loggers.WandbLogger", f"--trainer.logger.save_dir={shared}",
+         "--trainer.logger.offline=true"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list((run_dir / "wandb").glob("offline-run-*"))
+    assert (run_dir / "config.yaml").is_file()
+    assert not shared.exists() or not any(shared.rglob("*"))
+
+
+def test_samples_written_after_the_checkpoint_are_dropped_on_resume(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps({"tick": t, "response": f"r{t}"}) + "\n" for t in (0, 0, 1, 2, 3)))
+    module = SimpleNamespace(run_dir=str(tmp_path), tick=2)  # resumed from a checkpoint taken after tick 1
+    SampleTable().on_train_start(SimpleNamespace(is_global_zero=True), module)
+    assert [json.loads(line)["tick"] for line in path.read_text().splitlines()] == [0, 0, 1]
