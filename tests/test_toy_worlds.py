@@ -139,7 +139,7 @@ def test_movie_corpus_and_texts(movie_dir: Path) -> None:
 
 def test_movie_defaults_fit_budget(tmp_path: Path) -> None:
     counts = movie_world.main(["--out", str(tmp_path)])
-    assert (counts["train"], counts["val"], counts["test"]) == (160, 40, 40)
+    assert (counts["train"], counts["val"], counts["test"]) == (160, 40, 100)
     assert 1000 <= counts["corpus"] <= 5000
     assert _size(tmp_path) < 5e6
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from agentcap import distributed
+from agentcap.evaluation.items import write_eval_items
 from agentcap.evaluation.rollouts import evaluate_rollouts, write_summary
 from agentcap.logs import emit
 from agentcap.schedule import Stage
@@ -44,10 +45,12 @@ class EvaluationHooks:
     def evaluate(self, stage: Stage) -> dict[str, float]:
         """Rollouts on a held-out split (greedy unless the stage says otherwise); every reward
         component averaged over all ranks."""
+        items: list[dict[str, Any]] = []
         result = evaluate_rollouts(
             self.splits.driver(stage.split, stage), self.eval_limit, self.generation_batch_size, stage.greedy,
-            self.seed * 1_000_003 + self.tick * 10_007, self.device,  # sampled: per trajectory, any split
+            self.seed * 1_000_003 + self.tick * 10_007, self.device, items,  # sampled: per trajectory, any split
         )
+        write_eval_items(self.run_dir, stage.name, items, *distributed.world())
         self.summary[stage.name] = result
         emit(self.loggers, {f"eval/{stage.name}/{k}": v for k, v in result.items()}, self.tick)
         if distributed.world()[0] == 0:

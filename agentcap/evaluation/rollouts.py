@@ -26,8 +26,12 @@ def evaluate_rollouts(
     greedy: bool,
     seed: int,
     device: torch.device | str = "cpu",
+    items: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
-    """Means of the reward, each component and each numeric episode extra over the first ``limit`` items."""
+    """Means of the reward, each component and each numeric episode extra over the first ``limit`` items.
+
+    ``items``, when given, receives this rank's per-item values (``id`` plus every averaged value),
+    for paired intervals and correlations over items (:mod:`agentcap.evaluation.items`)."""
     n = len(driver.scorer.unwrapped.items)
     indices = list(range(n if limit is None else min(n, limit)))
     _, size = world()
@@ -36,14 +40,15 @@ def evaluate_rollouts(
     chunk = max(1, chunk)
     calls = most(-(-len(mine) // chunk))  # as many rollout calls on every rank (sharded agents step together)
     for start in range(0, calls * chunk, chunk):
-        batch = driver.run(
-            mine[start : start + chunk], group_size=1, greedy=greedy, seed=seed, positions=positions[start : start + chunk]
-        )
-        for score in batch.scores:
+        part = mine[start : start + chunk]
+        batch = driver.run(part, group_size=1, greedy=greedy, seed=seed, positions=positions[start : start + chunk])
+        for index, score in zip(part, batch.scores):
             values: dict[str, Any] = {"reward": score.reward, **score.components}
             values.update({k: v for k, v in score.extras.items() if isinstance(v, (int, float))})
             for k, v in values.items():
                 metrics.setdefault(k, MeanMetric().to(device)).update(float(v))
+            if items is not None:
+                items.append({"id": str(driver.scorer.unwrapped.items[index].get("id", index)), **values})
     # every rank must know every name before the synced compute
     names = sorted({k for part in gather_objects(sorted(metrics)) for k in part})
     result = {}
