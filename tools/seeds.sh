@@ -4,6 +4,7 @@
 # Seeds 0, 1, 2 were used to tune the demo recipes: report gains on others.
 #   bash tools/seeds.sh read 5 6 7
 #   SKIP_RUNS=1 bash tools/seeds.sh read 5 6 7     (only the tables, from finished runs)
+#   DEMO_FLAGS="--model.eval_limit 30" bash tools/seeds.sh acecap 5 6 7
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?usage: tools/seeds.sh read|audiomap|acecap SEED...}
@@ -12,7 +13,8 @@ for seed in "$@"; do
   [ -n "${SKIP_RUNS:-}" ] && break
   start=$(date +%s)
   rm -rf "runs/$name-demo-s$seed"  # a fresh run, not a resume of an older one
-  bash tools/demo.sh "$name" --seed_everything "$seed" --model.seed "$seed" \
+  # shellcheck disable=SC2086  # DEMO_FLAGS: extra `agentcap fit` flags, e.g. "--config short.yaml"
+  bash tools/demo.sh "$name" ${DEMO_FLAGS:-} --seed_everything "$seed" --model.seed "$seed" \
       --model.run_dir "runs/$name-demo-s$seed" --trainer.logger.init_args.save_dir "runs/$name-demo-s$seed" \
       > "runs/$name-demo-s$seed.log" 2>&1
   echo "seed $seed: $(( $(date +%s) - start )) s"
