@@ -42,7 +42,7 @@ def test_fit_runs_the_schedule_and_prints_the_summary_last(tmp_path, toy_movie, 
     for stage in summary.values():
         assert {"reward", "accuracy", "format", "length", "coherence"} <= set(stage)
     # per-item rows of every evaluate stage: one per held-out item, and their mean is the summary's
-    from agentcap.eval_items import read_eval_items
+    from agentcap.evaluation.items import read_eval_items
 
     for name, stage in summary.items():
         rows = read_eval_items(str(tmp_path / "run"), name)
