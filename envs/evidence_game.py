@@ -98,7 +98,8 @@ class EvidenceGameEnv(CaptionEnv):
     manifest: JSONL rows with ``id, audio, caption, mcq`` (and ``short_caption``, ``qa`` for the
     supervised warm start). budget: K. examiner: ``rule`` (toy worlds only) or a local HF causal LM.
     question_cost, stop_cost, preserve_weight: c_Q, c_S, λ of LOOP-GRPO. demo_questions, demo_order:
-    how many gold questions the warm-start demonstrations ask, and which (see ``demonstrations``).
+    how many gold questions the warm-start demonstrations ask (``needed``: as many as the gold MCQ
+    bank rewards beyond c0, see ``needed_questions``), and which (see ``demonstrations``).
 
     ## Version history
     v0: first version.
@@ -121,7 +122,7 @@ class EvidenceGameEnv(CaptionEnv):
         question_cost: float = 0.0,
         stop_cost: float = 0.0,
         preserve_weight: float = 1.0,
-        demo_questions: int | None = None,
+        demo_questions: int | Literal["needed"] | None = None,
         demo_order: Literal["manifest", "shuffled"] = "manifest",
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
@@ -141,7 +142,11 @@ class EvidenceGameEnv(CaptionEnv):
         self.examiner_spec, self.examiner_device = examiner, examiner_device
         self.examiner_readout = examiner_readout
         self.loop = LoopConfig(question_cost=question_cost, stop_cost=stop_cost, preserve_weight=preserve_weight)
+        if not (demo_questions is None or demo_questions == "needed"
+                or (isinstance(demo_questions, int) and demo_questions >= 0)):
+            raise ValueError(f"demo_questions must be an int >= 0, 'needed' or None, got {demo_questions!r}")
         self.demo_questions = budget if demo_questions is None else demo_questions
+        self._needed: dict[str, list[int]] = {}
         if demo_order not in ("manifest", "shuffled"):
             raise ValueError(f"demo_order must be 'manifest' or 'shuffled', got {demo_order!r}")
         self.demo_order = demo_order
@@ -256,9 +261,9 @@ class EvidenceGameEnv(CaptionEnv):
     # --- supervised warm start ----------------------------------------------------------------
     def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
         """Every role's targets from the gold data, in game order: c0 = the short caption (else the
-        gold caption's first sentence), min(demo_questions, K) gold questions, each followed by its
-        gold answer (Instruct), READY when fewer than K were asked, then the gold caption as the
-        final caption.
+        gold caption's first sentence), min(demo_questions, K) gold questions (``needed``: those of
+        :meth:`needed_questions`, so the count follows the clip), each followed by its gold answer
+        (Instruct), READY when fewer than K were asked, then the gold caption as the final caption.
 
         The questions are the manifest's first ones, or with ``demo_order="shuffled"`` a draw seeded
         by the item's id: the same for an item every time, but spread over every event and attribute
@@ -269,9 +274,11 @@ class EvidenceGameEnv(CaptionEnv):
         c0 = item.get("short_caption") or (sentences(item["caption"]) or [item["caption"]])[0]
         # never more questions than the game allows: the K-th answer is followed by the final turn
         qa = [(q["question"], q["answer"]) for q in item.get("qa", [])]
+        if self.demo_questions == "needed":
+            qa = [qa[k] for k in self.needed_questions(item, c0)]
         if self.demo_order == "shuffled":
             random.Random(zlib.crc32(str(item["id"]).encode())).shuffle(qa)
-        qa = qa[: min(self.demo_questions, self.budget)]
+        qa = qa[: self.budget if self.demo_questions == "needed" else min(self.demo_questions, self.budget)]
         demos = [(self.captioner_obs(item), c0)]
         for t, (question, answer) in enumerate(qa):
             demos.append((self.composer_obs(c0, qa[:t], finalize=False), f"ASK : {question}"))
@@ -280,6 +287,33 @@ class EvidenceGameEnv(CaptionEnv):
             demos.append((self.composer_obs(c0, qa, finalize=False), "READY"))
         demos.append((self.composer_obs(c0, qa, finalize=True), item["caption"]))
         return demos
+
+    def needed_questions(self, item: Mapping[str, Any], c0: str) -> list[int]:
+        """Indices (manifest order) of the gold QA pairs the evidence needs beyond c0.
+
+        Greedy on the G2P reward itself: from ser(c0), add the pair whose answer raises
+        R_G(ser(E)) the most (ties: the earlier pair), until no pair raises it or K are chosen. So a
+        warm start asks as many questions as the clip's gold MCQ bank rewards, not a fixed number;
+        on the toy soundscapes that is one whole-event question per event. Cached per item id.
+        """
+        key = str(item["id"])
+        if key not in self._needed:
+            pairs = [(q["question"], q["answer"]) for q in item.get("qa", [])]
+            episode = Episode(item=dict(item))
+            chosen: list[int] = []
+            score = self.g2p([(0, serialize_evidence(c0, []))], [episode])[(0, serialize_evidence(c0, []))][0]
+            while len(chosen) < self.budget:
+                rest = [k for k in range(len(pairs)) if k not in chosen]
+                texts = {k: serialize_evidence(c0, [pairs[j] for j in sorted([*chosen, k])]) for k in rest}
+                judged = self.g2p([(0, t) for t in texts.values()], [episode]) if texts else {}
+                gains = {k: judged[(0, t)][0] - score for k, t in texts.items()}
+                best = max(rest, key=lambda k: (gains[k], -k), default=None)
+                if best is None or gains[best] <= 1e-9:
+                    break
+                chosen.append(best)
+                score += gains[best]
+            self._needed[key] = sorted(chosen)
+        return self._needed[key]
 
     def harvest(self, episodes: Sequence[Episode]) -> list[dict[str, Any]]:
         """Instruct replay items (Eq. 23): one per asked question, with the history before it."""
@@ -353,6 +387,16 @@ class EvidenceGameEnv(CaptionEnv):
         judged = self.g2p(requests, episodes)
         return [self._score_one(i, e, st, judged) for i, (e, st) in enumerate(zip(episodes, states))]
 
+    @staticmethod
+    def _event_extras(episode: Episode) -> dict[str, float]:
+        """With a manifest ``events`` list (the toy soundscapes): the clip's event count and the
+        questions asked beyond it, so evaluation can see whether stopping tracks what a clip holds."""
+        events = episode.item.get("events")
+        if not isinstance(events, list):
+            return {}
+        asked = len(episode.state.get("qa", []))
+        return {"events": float(len(events)), "extra_questions": float(max(0, asked - len(events)))}
+
     def _score_one(self, i: int, episode: Episode, st: dict[str, Any] | None, judged) -> Score:
         if st is None:
             return Score(float("nan"), {}, [None] * len(episode.actions), {"unlabelled": 1.0})
@@ -382,6 +426,7 @@ class EvidenceGameEnv(CaptionEnv):
                 utilities.append(None)  # Instruct answers are environment text for the Composer
         extras = {
             "questions": float(len(episode.state.get("qa", []))),
+            **self._event_extras(episode),
             "forced": float(not stopped),
             "malformed": float(episode.state.get("malformed", 0)),
             "acc_c0": acc0,

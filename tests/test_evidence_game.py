@@ -393,6 +393,34 @@ def test_shuffled_demonstrations_are_seeded_by_the_item_and_spread_over_events(m
         make(demo_order="random")
 
 
+def test_needed_demonstrations_ask_one_question_per_event_then_stop(make, sound_rows):
+    env = make(budget=4, demo_questions="needed").unwrapped
+    counts = set()
+    for i, item in enumerate(env.items):
+        targets = [t for _, t in env.demonstrations(item)]
+        asked = [t.removeprefix("ASK : ") for t in targets if t.startswith("ASK")]
+        whole = [q["question"] for q in sound_rows[i]["qa"] if q["meta"]["attribute"] == "event"]
+        assert asked == whole, "one whole-event question per event, in time order, and nothing else"
+        assert targets[-2:] == ["READY", sound_rows[i]["caption"]]  # 1-3 events < K = 4: a sampled stop
+        counts.add(len(asked))
+    assert len(counts) > 1, "the toy world must vary the evidence a clip needs"
+    # the greedy choice stops at the budget: with K = 1 every clip asks one question and is forced
+    short = make(budget=1, demo_questions="needed").unwrapped
+    assert all(sum(t.startswith("ASK") for _, t in short.demonstrations(item)) == 1 for item in short.items)
+    with pytest.raises(ValueError, match="demo_questions"):
+        make(demo_questions="all")
+
+
+def test_episode_extras_count_events_and_extra_questions(make, sound_rows):
+    env = make(budget=4)
+    index = next(i for i, r in enumerate(sound_rows) if len(r["events"]) == 1)
+    s = _script(sound_rows[index])
+    actions = [s["c0"], "ASK : a", "x", "ASK : b", "y", "READY", s["final"]]
+    _, _, info = _play(env, index, actions)
+    extras = env.unwrapped.score([info["episode"]])[0].extras
+    assert extras["events"] == 1.0 and extras["questions"] == 2.0 and extras["extra_questions"] == 1.0
+
+
 def test_demonstration_c0_falls_back_to_the_first_gold_sentence(make, sound_rows):
     env = make()
     index = next(i for i, r in enumerate(sound_rows) if len(r["events"]) > 1)

@@ -139,7 +139,7 @@ def test_movie_corpus_and_texts(movie_dir: Path) -> None:
 
 def test_movie_defaults_fit_budget(tmp_path: Path) -> None:
     counts = movie_world.main(["--out", str(tmp_path)])
-    assert (counts["train"], counts["val"], counts["test"]) == (160, 40, 40)
+    assert (counts["train"], counts["val"], counts["test"]) == (160, 40, 100)
     assert 1000 <= counts["corpus"] <= 5000
     assert _size(tmp_path) < 5e6
 
@@ -203,8 +203,10 @@ def test_soundscape_rows_schema(sound_dir: Path) -> None:
                 else:
                     assert item["passage"].endswith("?")
                     assert f"{event['start']:.1f} s" in item["passage"]
-        assert len(row["qa"]) == 4 * len(events)
-        assert {q["meta"]["attribute"] for q in row["qa"]} == {"pitch", "loudness", "count", "time"}
+        assert len(row["qa"]) == 5 * len(events)
+        assert {q["meta"]["attribute"] for q in row["qa"]} == {"pitch", "loudness", "count", "time", "event"}
+        whole = [q["answer"] for q in row["qa"] if q["meta"]["attribute"] == "event"]
+        assert " ".join(whole) == row["caption"]  # one whole-event answer per event, in time order
         assert all(q["question"].endswith("?") and q["answer"].endswith(".") for q in row["qa"])
         assert row["anchors"] == [
             {"event": f"the {e['loudness']} {e['pitch']} {e['type']}", "start": e["start"],
@@ -263,7 +265,7 @@ def test_bad_examples(sound_dir: Path, tmp_path: Path) -> None:
 
 def test_soundscape_defaults_fit_budget(tmp_path: Path) -> None:
     counts = sound_world.main(["--out", str(tmp_path)])
-    assert (counts["train"], counts["val"], counts["test"]) == (600, 30, 60)
+    assert (counts["train"], counts["val"], counts["test"]) == (600, 30, 150)
     assert _size(tmp_path) < 120e6  # 16-bit mono wav, about 100 MB for the demo world
     durations = [row["duration"] for row in _sound_rows(tmp_path)]
     assert min(durations) == 2.0 and max(durations) >= 7.5  # room for a duration curriculum

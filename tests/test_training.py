@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +41,13 @@ def test_fit_runs_the_schedule_and_prints_the_summary_last(tmp_path, toy_movie, 
     assert set(summary) == {"before_grpo", "after_grpo"}
     for stage in summary.values():
         assert {"reward", "accuracy", "format", "length", "coherence"} <= set(stage)
+    # per-item rows of every evaluate stage: one per held-out item, and their mean is the summary's
+    from agentcap.evaluation.items import read_eval_items
+
+    for name, stage in summary.items():
+        rows = read_eval_items(str(tmp_path / "run"), name)
+        assert len(rows) == min(4, len((toy_movie / "test.jsonl").read_text().splitlines()))  # eval_limit
+        assert sum(r["reward"] for r in rows.values()) / len(rows) == pytest.approx(stage["reward"])
     # every logged group is there: rewards, losses, rollout statistics
     metrics = next((tmp_path / "run").rglob("metrics.csv")).read_text().splitlines()[0]
     for name in ("reward/accuracy", "reward/format", "reward/length", "reward/coherence", "loss/policy/pg_loss",

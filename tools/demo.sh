@@ -8,6 +8,10 @@ shift
 PY=.venv/bin/python
 # tiny models: one intra-op thread is several times faster than two contending threads here
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# the same bits on any x86 machine with AVX2: without these, ATen's kernels and MKL's GEMMs pick the
+# widest instruction set the CPU has (AVX-512 here, AVX2 there) and round differently, and one
+# flipped sampled token moves every later figure (docs/implementation-details.md 27)
+export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2} MKL_CBWR=${MKL_CBWR:-AVX2} ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-AVX2}
 case "$name" in
   read)
     $PY tools/make_toy_movie.py --out data/toy_movie

@@ -327,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-movies", type=int, default=8)
     parser.add_argument("--val-movies", type=int, default=2)
-    parser.add_argument("--test-movies", type=int, default=2)
+    parser.add_argument("--test-movies", type=int, default=5,
+                        help="held-out movies: 100 clips, so paired per-clip intervals are narrow")
     parser.add_argument("--clips-per-movie", type=int, default=20)
     parser.add_argument("--corpus-movies", type=int, default=150,
                         help="extra movies (never val/test) whose ADs form corpus.jsonl")

@@ -10,6 +10,8 @@ synthesis parameters instead of a language model:
   start/end times on a 0.1 s grid, all audible in the waveform;
 * the gold dense caption is one templated sentence per event in time order, the short caption
   (the Captioner's first draft) names the types only;
+* the QA pairs (role warm-up) ask one attribute of an event, or the whole event ("What is the beep
+  like?" answered by its gold sentence), so the evidence a clip needs grows with its 1-3 events;
 * cloze and MCQ items offer the 4 values of one attribute as A-D (gold placed at random by the
   seeded generator) and "Not given" as E, which is never gold;
 * clip durations follow a skewed spread so a short-clips-first curriculum has something to do.
@@ -250,6 +252,8 @@ def gold_banks(events: Sequence[SoundEvent], rng: np.random.Generator) -> dict[s
              f"The {name} sounds {COUNT_WORDS[event.count]}."),
             ("time", f"When is the {name} heard?",
              f"The {name} is heard from {event.start:.1f} s to {event.end:.1f} s."),
+            # one question that resolves the whole event: a clip needs one per event beyond c0
+            ("event", f"What is the {name} like?", event.sentence()),
         ):
             qa.append({"question": question, "answer": answer,
                        "meta": {"event": index, "subject": name, "attribute": attribute}})
@@ -383,7 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train", type=int, default=600, help="training clips")
     parser.add_argument("--val", type=int, default=30, help="validation clips")
-    parser.add_argument("--test", type=int, default=60, help="test clips")
+    parser.add_argument("--test", type=int, default=150,
+                        help="test clips (150: paired per-clip intervals narrower than the gains)")
     parser.add_argument("--min-duration", type=float, default=2.0, help="seconds, on a 0.5 s grid")
     parser.add_argument("--max-duration", type=float, default=8.0, help="seconds, on a 0.5 s grid")
     parser.add_argument("--sample-rate", type=int, default=SAMPLE_RATE)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from agentcap import distributed
+from agentcap.evaluation.items import write_eval_items
 from agentcap.evaluation.rollouts import evaluate_rollouts, write_summary
 from agentcap.logs import emit, log_captions
 from agentcap.schedule import Stage
@@ -51,11 +52,13 @@ class EvaluationHooks:
         """Rollouts on a held-out split (greedy unless the stage says otherwise); every reward
         component averaged over all ranks."""
         captions: list[dict[str, Any]] = []
+        items: list[dict[str, Any]] = []
         result = evaluate_rollouts(
             self.splits.driver(stage.split, stage), self.eval_limit, self.generation_batch_size, stage.greedy,
             self.seed * 1_000_003 + self.tick * 10_007, self.device,  # sampled: per trajectory, any split
-            captioning=self.captioning(), captions=captions,
+            captioning=self.captioning(), captions=captions, items=items,
         )
+        write_eval_items(self.run_dir, stage.name, items, *distributed.world())
         self.summary[stage.name] = result
         metrics = {f"eval/{stage.name}/{k}": v for k, v in result.items()}
         emit(self.loggers, metrics, self.tick)

@@ -31,10 +31,13 @@ def evaluate_rollouts(
     device: torch.device | str = "cpu",
     captioning: Any = None,
     captions: list[dict[str, Any]] | None = None,
+    items: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """Means of the reward, each component and each numeric episode extra over the first ``limit``
     items; with ``captioning``, also the papers' metrics. ``captions`` (a list) receives one row per
-    evaluated item (rank 0: every rank's): id, caption, reference, reward, components, trace."""
+    evaluated item (rank 0: every rank's): id, caption, reference, reward, components, trace.
+    ``items``, when given, receives this rank's per-item values (``id`` plus every averaged value),
+    for paired intervals and correlations over items (:mod:`agentcap.evaluation.items`)."""
     from agentcap.evaluation.tasks import caption_row
 
     env = driver.scorer.unwrapped
@@ -47,16 +50,17 @@ def evaluate_rollouts(
     chunk = max(1, chunk)
     calls = most(-(-len(mine) // chunk))  # as many rollout calls on every rank (sharded agents step together)
     for start in range(0, calls * chunk, chunk):
-        batch = driver.run(
-            mine[start : start + chunk], group_size=1, greedy=greedy, seed=seed, positions=positions[start : start + chunk]
-        )
-        for episode, score in zip(batch.episodes, batch.scores):
+        part = mine[start : start + chunk]
+        batch = driver.run(part, group_size=1, greedy=greedy, seed=seed, positions=positions[start : start + chunk])
+        for index, episode, score in zip(part, batch.episodes, batch.scores):
             if captioning is not None or captions is not None:
                 rows.append(caption_row(env, episode, score))
             values: dict[str, Any] = {"reward": score.reward, **score.components}
             values.update({k: v for k, v in score.extras.items() if isinstance(v, (int, float))})
             for k, v in values.items():
                 metrics.setdefault(k, MeanMetric().to(device)).update(float(v))
+            if items is not None:
+                items.append({"id": str(env.items[index].get("id", index)), **values})
     # every rank must know every name before the synced compute
     names = sorted({k for part in gather_objects(sorted(metrics)) for k in part})
     result = {}

@@ -1,0 +1,81 @@
+"""tools/seed_stats.py: t quantiles against printed tables, intervals and Pearson's r by hand,
+and the report read from per-item evaluation rows."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from agentcap.evaluation.items import read_eval_items, write_eval_items
+from conftest import load_tool
+
+stats = load_tool("seed_stats")
+
+
+@pytest.mark.parametrize(
+    ("df", "expected"),  # two-sided 95 % critical values, t_{0.975}(df), from a printed t table
+    [(1, 12.706205), (2, 4.302653), (4, 2.776445), (10, 2.228139), (30, 2.042272), (1000, 1.962339)],
+)
+def test_t_quantile_matches_tables(df: int, expected: float) -> None:
+    assert stats.t_quantile(0.975, df) == pytest.approx(expected, abs=2e-6)
+    assert stats.t_quantile(0.025, df) == pytest.approx(-expected, abs=2e-6)
+
+
+def test_t_cdf_known_values() -> None:
+    assert stats.t_cdf(0.0, 3) == pytest.approx(0.5)
+    assert stats.t_cdf(1.0, 1) == pytest.approx(0.75)  # Cauchy: 1/2 + atan(1)/pi
+    assert stats.t_cdf(2.0, 2) == pytest.approx(0.5 + 2.0 / (2 * math.sqrt(6.0)))  # df=2 closed form
+
+
+def test_mean_interval_by_hand() -> None:
+    interval = stats.mean_interval([1.0, 2.0, 3.0])  # mean 2, sd 1, se 1/sqrt(3), df 2
+    assert interval.mean == pytest.approx(2.0)
+    assert interval.half == pytest.approx(4.302653 / math.sqrt(3.0), abs=1e-6)
+    assert (interval.low, interval.high) == pytest.approx((2.0 - 2.484138, 2.0 + 2.484138), abs=1e-5)
+    one = stats.mean_interval([0.5, float("nan")])  # NaN is left out; one value has no interval
+    assert one.n == 1 and one.mean == 0.5 and math.isnan(one.half) and str(one) == "0.500"
+    assert str(stats.mean_interval([])) == "n/a"
+
+
+def test_pearson_matches_numpy_and_flags_constant() -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=20), rng.normal(size=20)
+    assert stats.pearson(list(x), list(x + y)) == pytest.approx(float(np.corrcoef(x, x + y)[0, 1]))
+    assert math.isnan(stats.pearson([3, 3, 3], [1, 2, 3]))  # always 3 questions: r undefined
+    with pytest.raises(ValueError, match="equal lengths"):
+        stats.pearson([1, 2], [1])
+
+
+def _fake_run(root, seed: int, gain: float) -> None:
+    folder = root / f"toy-demo-s{seed}"
+    before = {f"c{i}": {"reward": 0.1 * i, "questions": 3.0, "events": float(1 + i % 3)} for i in range(6)}
+    after = {k: {"reward": v["reward"] + gain, "questions": v["events"], "events": v["events"]} for k, v in before.items()}
+    for stage, rows in (("S1", before), ("S4", after)):
+        write_eval_items(str(folder), stage, [{"id": k, **v} for k, v in rows.items()])
+    summary = {st: {"reward": float(np.mean([r["reward"] for r in rows.values()]))}
+               for st, rows in (("S1", before), ("S4", after))}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_report_pairs_items_and_correlates_questions(tmp_path) -> None:
+    for seed, gain in ((5, 0.1), (6, 0.2), (7, 0.3)):
+        _fake_run(tmp_path, seed, gain)
+    assert read_eval_items(str(tmp_path / "toy-demo-s5"), "S1")["c2"]["reward"] == pytest.approx(0.2)
+    text = stats.report("toy", ["5", "6", "7"], [("S1", "S4")], root=str(tmp_path), metrics=["reward"])
+    assert "(none tuned on)" in text
+    gains = stats.mean_interval([0.1, 0.2, 0.3])  # over seeds: mean 0.2, sd 0.1, df 2
+    assert f"| reward | 0.250 [" in text and str(gains) in text
+    assert "(n=18)" in text  # 6 items x 3 seeds, paired
+    assert "| S1 | n/a | n/a, n/a, n/a |" in text  # constant questions before
+    assert "| S4 | 1.000 [1.000, 1.000] | 1.000, 1.000, 1.000 |" in text  # questions = events after
+
+
+def test_report_names_tuned_seeds_and_missing_runs(tmp_path) -> None:
+    _fake_run(tmp_path, 0, 0.1)
+    _fake_run(tmp_path, 5, 0.1)
+    assert "(tuned on: 0)" in stats.report("toy", ["0", "5"], [], root=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="toy-demo-s9"):
+        stats.report("toy", ["9"], [], root=str(tmp_path))
