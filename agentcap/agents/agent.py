@@ -62,6 +62,14 @@ class AgentConfig:
     backend: Literal["hf", "vllm"] = "hf"
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.vllm, dict):
+            known = set(VLLMOptions.__dataclass_fields__)
+            unknown = sorted(set(self.vllm) - known)
+            if unknown:
+                raise ValueError(f"vllm: unknown option(s) {unknown}; known: {sorted(known)}")
+            self.vllm = VLLMOptions(**self.vllm)
+
 
 @dataclass
 class Generation:

@@ -27,7 +27,7 @@ class VLLMOptions:
         max_model_len: vLLM: longest prompt + completion (None: the model's limit).
         enable_sleep_mode: vLLM on GPU: free the engine's weights and KV cache between rollouts,
             so the update has the memory (``LLM.sleep`` / ``wake_up``).
-        dtype: vLLM engine dtype (``auto``: the model folder's).
+        dtype: vLLM engine dtype (``auto``: the learner's, so sampler and learner log-probs agree).
         enforce_eager: vLLM: no CUDA graphs (slower decode, faster start).
         seed: vLLM sampling seed.
     """

@@ -49,6 +49,8 @@ class VLLMBackend:
             raise ValueError(f"{where}.model: {model_path!r} has no config.json; vLLM loads plain HF folders "
                              "(re-save a GGUF checkpoint with tools/resave_gguf.py)")
         self.agent, self.options, self.model_path, self.where = agent, options, model_path, where
+        # the learner's dtype: vLLM's CPU build would otherwise run an fp32 folder in bf16
+        self.agent_dtype = str(next(agent.model.parameters()).dtype).removeprefix("torch.")
         self._llm = None
         self._asleep = False
         self.stale = False  # the learner's weights changed without a sync (a checkpoint was loaded)
@@ -71,7 +73,7 @@ class VLLMBackend:
             kwargs: dict[str, Any] = dict(
                 model=self.model_path,
                 tokenizer=self.model_path,
-                dtype=o.dtype,
+                dtype=self.agent_dtype if o.dtype == "auto" else o.dtype,
                 gpu_memory_utilization=o.gpu_memory_utilization,
                 tensor_parallel_size=o.tensor_parallel_size,
                 enable_sleep_mode=o.enable_sleep_mode,
@@ -130,17 +132,22 @@ class VLLMBackend:
             self.sync()
         self._wake()
         agent = self.agent
-        seed = int(torch.randint(0, 2**31 - 1, ()).item())  # follows torch's seed, as HF sampling does
-        params = SamplingParams(
-            n=1,
-            temperature=0.0 if greedy else agent.temperature,
-            top_p=1.0 if greedy else agent.top_p,
-            max_tokens=agent.max_new_tokens,
-            stop_token_ids=agent.eos_ids,
-            logprobs=0,  # the sampled token's own log-prob
-            seed=None if greedy else seed,
-            detokenize=False,
-        )
+        # one seed per request (one shared seed would give every rollout of a group the same
+        # sample), drawn from torch's generator so seeded runs repeat, as HF sampling does
+        seeds = torch.randint(0, 2**31 - 1, (len(observations),)).tolist()
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=0.0 if greedy else agent.temperature,
+                top_p=1.0 if greedy else agent.top_p,
+                max_tokens=agent.max_new_tokens,
+                stop_token_ids=agent.eos_ids,
+                logprobs=0,  # the sampled token's own log-prob
+                seed=None if greedy else seed,
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
         outputs = self.llm.generate([self.prompt(o) for o in observations], params, use_tqdm=False)
         results = []
         for out in outputs:
@@ -150,6 +157,23 @@ class VLLMBackend:
             results.append(Sampled(torch.tensor(ids, dtype=torch.long), torch.tensor(logprobs, dtype=torch.float32)))
         self._sleep()
         return results
+
+    def score(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """The engine's log-probs of given completions after given prompts (token ids), at
+        temperature 1: vLLM's prompt log-probs of prompt + completion. For checks of the sync and
+        the sampler-learner gap."""
+        from vllm import SamplingParams
+
+        self._wake()
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        requests = [{"prompt_token_ids": list(p) + list(c)} for p, c in zip(prompts, completions)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        scores = []
+        for out, prompt, completion in zip(outputs, prompts, completions):
+            steps = out.prompt_logprobs[len(prompt) :]
+            scores.append(torch.tensor([step[t].logprob for step, t in zip(steps, completion)], dtype=torch.float32))
+        self._sleep()
+        return scores
 
     # --- weight sync --------------------------------------------------------------------------
     @torch.no_grad()
