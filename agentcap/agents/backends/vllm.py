@@ -23,12 +23,46 @@ from agentcap.agents.backends import Sampled, VLLMOptions
 from agentcap.agents.backends.weights import layers
 
 
-def _load_weights(worker, weights):
-    """Runs inside the engine's worker: load (name, tensor) pairs into its model."""
+def _worker_model(worker):
     runner = worker.model_runner
-    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-    model.load_weights(weights=weights)
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+def _begin_reload(worker) -> bool:
+    """Runs in the engine's worker. Newer vLLM (0.32) post-processes weights after loading (e.g. the
+    CPU build repacks fp32 linears), so a second load must go through its layer-wise reload, which
+    restores the checkpoint layout and processes each layer again once it is complete. vLLM 0.26
+    has no such module and loads checkpoint-format weights into the live parameters directly."""
+    try:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+    except ImportError:
+        return False
+    initialize_layerwise_reload(_worker_model(worker))
+    return True
+
+
+def _load_weights(worker, weights):
+    """Runs in the engine's worker: load (name, tensor) pairs into its model."""
+    _worker_model(worker).load_weights(weights=weights)
     return len(weights)
+
+
+def _end_reload(worker) -> None:
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    model = _worker_model(worker)
+    model_config = worker.model_runner.vllm_config.model_config
+    finalize_layerwise_reload(model, model_config)
+    # tied output embedding: the reload processes the input embedding only, while the output head
+    # keeps its kernel of the old weights (the CPU build's packed GEMM); tie again, process again
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    tied = getattr(model_config.hf_config, "tie_word_embeddings", False)
+    if tied and head is not None and embed is not None:
+        head.weight = embed.weight
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
 
 
 class VLLMBackend:
@@ -185,8 +219,11 @@ class VLLMBackend:
         """
         self._wake()
         sent = 0
+        layerwise = all(self.llm.collective_rpc(_begin_reload))
         for group in layers(self.agent.model):
             sent += sum(self.llm.collective_rpc(_load_weights, args=(group,))[:1])
+        if layerwise:
+            self.llm.collective_rpc(_end_reload)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.stale = False
         self.syncs += 1
