@@ -62,8 +62,8 @@ def server(smollm2_folder, tmp_path_factory):
 
 
 QUESTIONS = [
-    Question("The dog barks ___ times.", ("two", "three", "five", "seven"), "B"),
-    Question("The beep is ___ in pitch.", ("low", "medium", "deep", "high"), "D"),
+    Question("The dog barks ___ times.", ("two", "three", "five", "seven", "Not given"), "B"),
+    Question("The beep is ___ in pitch.", ("low", "medium", "deep", "high", "Not given"), "D"),
 ]
 
 
