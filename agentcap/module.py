@@ -45,6 +45,7 @@ from agentcap.agents.agent import Agent, AgentConfig, build_agent, pad_right
 from agentcap.agents.reference import Reference
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.algorithms.loop import normalize_by_type
+from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weights
 from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
 from agentcap.logs import StepClock, emit, rollout_metrics, sample_rows
@@ -102,6 +103,8 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         sample_every: GRPO steps between sample tables (the first step of a stage always logs one).
         run_dir: where ``summary.json`` and checkpoints go.
         seed: seeds sampling (per trajectory, from its global position) and the order of items.
+        tis_cap: truncated importance sampling between a vLLM sampler and the learner: each
+            token's surrogate is weighted by min(π_old / π_sampler, tis_cap); None (default) is off.
     """
 
     def __init__(
@@ -128,6 +131,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         sample_every: int = 10,
         run_dir: str = "runs/agentcap",
         seed: int = 0,
+        tis_cap: float | None = None,
     ):
         super().__init__()
         if group_size < 1 or rollout_batch_size % group_size:
@@ -149,6 +153,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         self.sft_batch_size, self.max_grad_norm, self.weight_decay = sft_batch_size, max_grad_norm, weight_decay
         self.eval_limit, self.eval_metrics, self.generation_batch_size = eval_limit, eval_metrics, generation_batch_size
         self.sample_every, self.run_dir, self.seed = sample_every, run_dir, seed
+        self.tis_cap = tis_cap
         self.tick = 0
         self.summary: dict[str, dict[str, float]] = {}
         self.samples: list[dict[str, Any]] = []
@@ -287,13 +292,17 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             logprobs, entropy = agent.completion_logprobs(inputs, completion, mask, with_entropy=True)
             ref = None if self._reference is None else self._reference.completion_logprobs(agent, inputs, completion, mask)
             weights = token_weights(mask, normalizer=norm, mode=self.loss_aggregation, dtype=logprobs.dtype) * scale
+            sampler, _ = pad_right([r.old_logprobs if r.sampler_logprobs is None else r.sampler_logprobs
+                                    for r in rows], 0, self.device)
+            tis = None if self.tis_cap is None else truncated_importance_weights(old, sampler, mask, self.tis_cap)
             out = clipped_objective(
                 logprobs, old.to(logprobs.dtype), advantages, mask, self.clip_eps, self.clip_eps_high,
-                self.beta, ref, weights,
+                self.beta, ref, weights, importance_weights=tis,
             )
             self.manual_backward(out["loss"])
             if scale:
                 stats = {k: float(v.detach()) for k, v in out.items()}
+                stats.update(sampler_gap(old, sampler, mask))
                 stats["entropy"] = float((entropy.detach() * weights).sum())
         stats["grad_norm"] = optimizer_step(agent, self._optimizer, self.max_grad_norm)
         return stats

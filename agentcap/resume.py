@@ -36,6 +36,8 @@ class ResumeHooks:
         self.schedule.check_resumable(state.get("stages"), self.run_dir)
         self.tick, self.summary = int(state["tick"]), dict(state["summary"])
         self._restored = state
+        for agent in self.agents.values():  # the weights about to be loaded must reach any engine
+            agent.backend.stale = True
         # progress is the tick; Lightning's own loop counters would end the resumed epoch early
         checkpoint.pop("loops", None)
 

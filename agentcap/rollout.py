@@ -36,6 +36,7 @@ class Span:
     text: str
     completion_ids: torch.Tensor  # [T]
     old_logprobs: torch.Tensor  # [T]
+    sampler_logprobs: torch.Tensor | None = None  # [T], the sampler's (vLLM) own; off-policy correction
     utility: float | None = None
     advantage: float = 0.0
 
@@ -164,6 +165,7 @@ class RolloutDriver:
                             text=gen.text,
                             completion_ids=gen.completion_ids,
                             old_logprobs=gen.old_logprobs,
+                            sampler_logprobs=gen.sampler_logprobs,
                         )
                     )
                     turns[t] += 1

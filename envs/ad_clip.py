@@ -52,7 +52,8 @@ class ADClipEnv(CaptionEnv):
     manifest: JSONL with ``id, duration, characters, ad, context`` and ``features`` (``.npy``) or
     ``frames``. context_ratio: share of context-aware instances (READ: 3:1 → 0.75).
     prompt: ``paper`` (Listings 1–2) or ``compact`` (a short prompt for the tiny offline models).
-    scorer: folder of the coherence LM (``tools/train_coherence_scorer.py``). weights, tau, top_k,
+    scorer: folder of the coherence LM (``tools/train_coherence_scorer.py``), or a served one
+    ``{url: http://HOST:8000/v1, model: NAME, tokenizer: FOLDER}`` (``agentcap.judges.served``). weights, tau, top_k,
     levels, tolerance, ngram: READ's reward constants. on_error: ``skip`` drops unusable rows and
     counts them; more than ``max_skip_fraction`` stops.
 
@@ -71,7 +72,7 @@ class ADClipEnv(CaptionEnv):
         items: Sequence[dict[str, Any]] | None = None,
         context_ratio: float = 0.75,
         prompt: Literal["paper", "compact"] = "paper",
-        scorer: str | None = None,
+        scorer: str | dict[str, Any] | None = None,
         scorer_device: str = "cpu",
         weights: Mapping[str, float] | None = None,
         tau: float = 0.12,
@@ -217,7 +218,14 @@ class ADClipEnv(CaptionEnv):
     # --- scoring ------------------------------------------------------------------------------
     @property
     def scorer(self):
-        if self._scorer is None and self.scorer_path:
+        if self._scorer is None and isinstance(self.scorer_path, dict):  # served: {url, model, tokenizer}
+            from agentcap.judges.served import ServedCoherenceScorer, served_judge_client
+
+            if "tokenizer" not in self.scorer_path:
+                raise ValueError("scorer: a served coherence scorer needs `tokenizer:` (the served model's folder)")
+            self._scorer = ServedCoherenceScorer(served_judge_client(self.scorer_path, "scorer"),
+                                                 self.scorer_path["tokenizer"])
+        elif self._scorer is None and self.scorer_path:
             from agentcap.judges.coherence import CoherenceScorer
 
             self._scorer = CoherenceScorer.from_pretrained(self.scorer_path, device=self.scorer_device)

@@ -78,7 +78,7 @@ class ClozeCaptionEnv(CaptionEnv):
         sample_rate: int = 16000,
         max_seconds: float | None = 30.0,
         prompt: Literal["paper", "compact"] = "paper",
-        examiner: str = "rule",
+        examiner: str | dict[str, Any] = "rule",
         temporal_examiner: str = "rule",
         examiner_device: str = "cpu",
         examiner_readout: Literal["letters", "options"] = "letters",

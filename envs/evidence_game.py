@@ -116,7 +116,7 @@ class EvidenceGameEnv(CaptionEnv):
         sample_rate: int = 16000,
         max_seconds: float | None = 30.0,
         prompt: Literal["paper", "compact"] = "paper",
-        examiner: str = "rule",
+        examiner: str | dict[str, Any] = "rule",
         examiner_device: str = "cpu",
         examiner_readout: Literal["letters", "options"] = "letters",
         question_cost: float = 0.0,

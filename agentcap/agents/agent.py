@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from agentcap.agents.backends import VLLMOptions, build_backend
 from agentcap.agents.families import FAMILIES, Family, Observation
 from agentcap.agents.tiny import CAUSAL_KINDS, build_tiny
 
@@ -40,6 +41,9 @@ class AgentConfig:
         dtype: parameter dtype.
         gguf_file: file name inside ``model`` for GGUF checkpoints.
         trust_remote_code: off unless you trust the model folder's code.
+        backend: who samples the actions: ``hf`` (the model's ``generate``) or ``vllm`` (an engine
+            whose weights are synced after every optimiser step; needs ``model`` to be a plain HF folder).
+        vllm: engine options when ``backend`` is ``vllm``.
     """
 
     model: str | None = None
@@ -55,15 +59,27 @@ class AgentConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gguf_file: str | None = None
     trust_remote_code: bool = False
+    backend: Literal["hf", "vllm"] = "hf"
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.vllm, dict):
+            known = set(VLLMOptions.__dataclass_fields__)
+            unknown = sorted(set(self.vllm) - known)
+            if unknown:
+                raise ValueError(f"vllm: unknown option(s) {unknown}; known: {sorted(known)}")
+            self.vllm = VLLMOptions(**self.vllm)
 
 
 @dataclass
 class Generation:
-    """One sampled action: its text, token ids and the log-probs it was sampled with (old policy)."""
+    """One sampled action: its text, token ids, the learner's log-probs of them (old policy) and
+    the sampler's own (equal to the learner's under the HF backend)."""
 
     text: str
     completion_ids: torch.Tensor  # [T]
     old_logprobs: torch.Tensor  # [T]
+    sampler_logprobs: torch.Tensor | None = None  # [T]
 
 
 class Agent(nn.Module):
@@ -95,6 +111,16 @@ class Agent(nn.Module):
         # parameters the model itself keeps fixed (e.g. sinusoidal audio positions) stay fixed
         self._always_frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
         self.set_trainable(False)
+        self.backend = build_backend(self)
+
+    def use_backend(self, backend: str, options: VLLMOptions | None = None, model_path: str | None = None) -> None:
+        """Sample with ``backend`` from now on (``build_agent`` calls it from the config)."""
+        self.backend = build_backend(self, backend, options, model_path, where=f"agents.{self.name}")
+
+    def sync_weights(self) -> None:
+        """After an optimiser step of this (trainable) agent: its sampler gets the new weights."""
+        if self.trainable:
+            self.backend.sync()
 
     def set_trainable(self, trainable: bool) -> None:
         """Frozen agents have no grad, so they carry no optimiser state."""
@@ -133,34 +159,23 @@ class Agent(nn.Module):
         (:class:`~agentcap.agents.sampling.RowSampler`), so a row's tokens do not depend on the
         batch it shares or on the process that runs it; without, from the global RNG.
         """
-        from agentcap.agents.sampling import RowSampler
-        from agentcap.sharding import synced_generation
-
         results: list[Generation] = []
         for start in range(0, len(observations), batch_size):
             chunk = list(observations[start : start + batch_size])
             inputs = self.family.encode(chunk)
-            kwargs: dict[str, Any] = dict(
-                max_new_tokens=self.max_new_tokens,
-                do_sample=not greedy and seeds is None,
-                pad_token_id=self.tokenizer.pad_token_id,
-                eos_token_id=self.eos_ids,
-            )
-            if synced_generation(self.model):
-                kwargs["synced_gpus"] = True  # sharded: every forward is a collective, keep stepping until all are done
-            if not greedy and seeds is None:
-                kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
-            elif not greedy:
-                sampler = RowSampler(seeds[start : start + batch_size], self.temperature, self.top_p)
-                kwargs.update(logits_processor=[sampler])
-            new = self.family.generate(inputs, **kwargs)  # [N, T]
-            completion, mask = trim_after_eos(new, self.eos_ids, self.tokenizer.pad_token_id)
-            logprobs = self.completion_logprobs(inputs, completion, mask)
-            for i in range(completion.shape[0]):
+            row_seeds = None if seeds is None else seeds[start : start + batch_size]
+            sampled = self.backend.sample(chunk, inputs, greedy, row_seeds)
+            completion, mask = pad_right([x.completion_ids for x in sampled], self.tokenizer.pad_token_id, self.family.device)
+            logprobs = self.completion_logprobs(inputs, completion, mask)  # the learner's, at sampling time
+            for i, x in enumerate(sampled):
                 n = int(mask[i].sum())
                 ids = completion[i, :n]
                 text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
-                results.append(Generation(text=text, completion_ids=ids.cpu(), old_logprobs=logprobs[i, :n].cpu()))
+                old = logprobs[i, :n].cpu()
+                results.append(Generation(
+                    text=text, completion_ids=ids.cpu(), old_logprobs=old,
+                    sampler_logprobs=old if x.sampler_logprobs is None else x.sampler_logprobs,
+                ))
         return results
 
     # --- scoring ------------------------------------------------------------------------------
@@ -289,7 +304,7 @@ def build_agent(
     model = model.to(dtype)
     if tokenizer is None:
         raise ValueError(f"agents.{name}: no tokenizer (set tokenizer, model or build_tokenizer_from)")
-    return Agent(
+    agent = Agent(
         name,
         model,
         tokenizer,
@@ -300,6 +315,9 @@ def build_agent(
         top_p=config.top_p,
         lr=config.lr,
     )
+    if config.backend != "hf":
+        agent.use_backend(config.backend, config.vllm, config.model)
+    return agent
 
 
 def _load_tokenizer(name: str, config: AgentConfig, extra_texts: Sequence[str] = (), vocabulary: str | None = None):

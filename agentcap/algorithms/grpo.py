@@ -77,11 +77,14 @@ def clipped_objective(
     beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
+    importance_weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Clipped surrogate minus β·KL, as a loss to minimise.
 
     Shapes: logprobs, old_logprobs, mask, ref_logprobs [N, T]; advantages [N] (one per sequence,
     GRPO) or [N, T] (span-aligned, LOOP-GRPO Eq. 18). ``weights`` [N, T] from :func:`token_weights`.
+    ``importance_weights`` [N, T] (detached) reweight each token's surrogate: the off-policy
+    correction of ``algorithms.offpolicy`` when a separate engine sampled the actions.
     """
     keep = mask.bool()  # [N, T]
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
@@ -96,6 +99,8 @@ def clipped_objective(
     ratio = torch.exp(torch.where(keep, logprobs - old_logprobs.detach(), zero))  # ρ_{i,t}  # [N, T]
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)
     surrogate = torch.minimum(ratio * advantages, clipped * advantages)  # [N, T]
+    if importance_weights is not None:
+        surrogate = surrogate * importance_weights.detach().to(surrogate.dtype)
     pg_loss = -(surrogate * weights).sum()
     with torch.no_grad():
         was_clipped = ((ratio < 1.0 - clip_eps) & (advantages < 0)) | ((ratio > 1.0 + high) & (advantages > 0))

@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from agentcap.judges.coherence import CoherenceScorer
 from agentcap.judges.examiner import Examiner, LLMExaminer, Question, RuleExaminer
 from agentcap.judges.temporal import LLMTemporalExaminer, RuleTemporalExaminer, TemporalExaminer, parse_intervals
 
 
-def build_examiner(spec: str, device: str = "cpu", readout: Literal["letters", "options"] = "letters") -> Examiner:
-    """``rule`` (toy worlds only) or the local folder of an HF causal LM.
+def build_examiner(
+    spec: str | dict[str, Any], device: str = "cpu", readout: Literal["letters", "options"] = "letters"
+) -> Examiner:
+    """``rule`` (toy worlds only), the local folder of an HF causal LM, an OpenAI-compatible server
+    ``{url: http://HOST:8000/v1, model: NAME}`` shared by every rank, or ``{vllm: FOLDER}``: a vLLM
+    engine in this process (both ``agentcap.judges.served``; letters readout only).
 
     ``readout="letters"`` answers by the next-token logits of A–E (the papers' examiner);
     ``"options"`` scores each option's text, for small models that cannot follow a letter format.
     """
+    if isinstance(spec, dict):
+        from agentcap.judges.served import ServedExaminer, VLLMExaminer, served_judge_client
+
+        if readout != "letters":
+            raise ValueError(f"examiner_readout: a served / vLLM examiner reads letters only (got {readout!r})")
+        if "vllm" in spec:
+            return VLLMExaminer(spec["vllm"], **{k: v for k, v in spec.items() if k != "vllm"})
+        return ServedExaminer(served_judge_client(spec, "examiner"))
     if spec == "rule":
         return RuleExaminer()
     return LLMExaminer.from_pretrained(spec, device=device, readout=readout)

@@ -1,0 +1,52 @@
+"""The HF backend: the agent's own model samples through ``generate``; nothing to sync."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from agentcap.agents.backends import Sampled
+
+
+class HFBackend:
+    """Sampling with HF ``generate`` on the learner's weights (sampler = learner)."""
+
+    def __init__(self, agent):
+        self.agent = agent
+
+    @torch.no_grad()
+    def sample(
+        self,
+        observations: Sequence[dict[str, Any]],
+        inputs: dict[str, Any],
+        greedy: bool,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Sampled]:
+        """With ``seeds`` (one per row) each row samples from its own generator
+        (:class:`~agentcap.agents.sampling.RowSampler`), so its tokens do not depend on its batch or
+        rank; without, from the global RNG."""
+        from agentcap.agents.agent import trim_after_eos
+        from agentcap.agents.sampling import RowSampler
+        from agentcap.sharding import synced_generation
+
+        agent = self.agent
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=agent.max_new_tokens,
+            do_sample=not greedy and seeds is None,
+            pad_token_id=agent.tokenizer.pad_token_id,
+            eos_token_id=agent.eos_ids,
+        )
+        if synced_generation(agent.model):
+            kwargs["synced_gpus"] = True  # sharded: every forward is a collective, keep stepping until all are done
+        if not greedy and seeds is None:
+            kwargs.update(temperature=agent.temperature, top_p=agent.top_p, top_k=0)
+        elif not greedy:
+            kwargs.update(logits_processor=[RowSampler(seeds, agent.temperature, agent.top_p)])
+        new = agent.family.generate(inputs, **kwargs)  # [N, T]
+        completion, mask = trim_after_eos(new, agent.eos_ids, agent.tokenizer.pad_token_id)
+        return [Sampled(completion[i, : int(mask[i].sum())].cpu(), None) for i in range(completion.shape[0])]
+
+    def sync(self) -> None:
+        """The sampler is the learner's own model."""

@@ -1,0 +1,238 @@
+"""The vLLM backend: a vLLM engine samples an agent's actions; its weights follow the learner.
+
+The engine is colocated with the learner in the same process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``
+unless tensor parallel needs workers), so a weight sync hands tensors over by reference through
+``LLM.collective_rpc``, one decoder layer at a time (``backends.weights``). It is built on first
+use from the agent's model folder, which must therefore hold the same weights as the learner;
+vLLM spawns processes, so scripts that create it need an ``if __name__ == "__main__":`` guard.
+
+Log-probs are taken after temperature (``logprobs_mode="processed_logprobs"``), the distribution the
+learner's ``completion_logprobs`` computes. Works with vLLM 0.26 (the GPU extra) and 0.32 (the CPU
+build the tests run): both take a callable in ``collective_rpc`` and ``prompt_token_ids`` prompts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from agentcap.agents.backends import Sampled, VLLMOptions
+from agentcap.agents.backends.weights import layers
+
+
+def _worker_model(worker):
+    runner = worker.model_runner
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+def _begin_reload(worker) -> bool:
+    """Runs in the engine's worker. Newer vLLM (0.32) post-processes weights after loading (e.g. the
+    CPU build repacks fp32 linears), so a second load must go through its layer-wise reload, which
+    restores the checkpoint layout and processes each layer again once it is complete. vLLM 0.26
+    has no such module and loads checkpoint-format weights into the live parameters directly."""
+    try:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+    except ImportError:
+        return False
+    initialize_layerwise_reload(_worker_model(worker))
+    return True
+
+
+def _load_weights(worker, weights):
+    """Runs in the engine's worker: load (name, tensor) pairs into its model."""
+    _worker_model(worker).load_weights(weights=weights)
+    return len(weights)
+
+
+def _end_reload(worker) -> None:
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    model = _worker_model(worker)
+    model_config = worker.model_runner.vllm_config.model_config
+    finalize_layerwise_reload(model, model_config)
+    # tied output embedding: the reload processes the input embedding only, while the output head
+    # keeps its kernel of the old weights (the CPU build's packed GEMM); tie again, process again
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    tied = getattr(model_config.hf_config, "tie_word_embeddings", False)
+    if tied and head is not None and embed is not None:
+        head.weight = embed.weight
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
+
+
+class VLLMBackend:
+    """Samples with a vLLM ``LLM``; :meth:`sync` loads the learner's current weights into it."""
+
+    def __init__(self, agent, options: VLLMOptions, model_path: str | None, where: str):
+        if agent.family.name == "toy":
+            raise ValueError(
+                f"{where}.backend: vllm cannot serve agentcap's toy media LM (not a vLLM architecture); "
+                "use backend: hf"
+            )
+        if not model_path or not os.path.isdir(model_path):
+            raise ValueError(
+                f"{where}.backend: vllm needs `model:` to be a local Hugging Face model folder (got {model_path!r}); "
+                "tiny/toy models are HF-only"
+            )
+        if os.path.isfile(os.path.join(model_path, "config.json")) is False:
+            raise ValueError(f"{where}.model: {model_path!r} has no config.json; vLLM loads plain HF folders "
+                             "(re-save a GGUF checkpoint with tools/resave_gguf.py)")
+        self.agent, self.options, self.model_path, self.where = agent, options, model_path, where
+        # the learner's dtype: vLLM's CPU build would otherwise run an fp32 folder in bf16
+        self.agent_dtype = str(next(agent.model.parameters()).dtype).removeprefix("torch.")
+        self._llm = None
+        self._asleep = False
+        self.stale = False  # the learner's weights changed without a sync (a checkpoint was loaded)
+        self.syncs = 0
+
+    # --- the engine ---------------------------------------------------------------------------
+    @property
+    def llm(self):
+        if self._llm is None:
+            try:
+                from vllm import LLM
+            except ImportError as error:
+                raise ImportError(
+                    f"{self.where}.backend: vllm is not installed ({error}); `pip install agentcap[vllm]` on a GPU "
+                    "machine, or build the CPU environment with tools/setup_vllm.sh"
+                ) from None
+            o = self.options
+            if o.tensor_parallel_size == 1:
+                os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: sync by reference
+            kwargs: dict[str, Any] = dict(
+                model=self.model_path,
+                tokenizer=self.model_path,
+                dtype=self.agent_dtype if o.dtype == "auto" else o.dtype,
+                gpu_memory_utilization=o.gpu_memory_utilization,
+                tensor_parallel_size=o.tensor_parallel_size,
+                enable_sleep_mode=o.enable_sleep_mode,
+                enforce_eager=o.enforce_eager,
+                seed=o.seed,
+                logprobs_mode="processed_logprobs",
+                trust_remote_code=False,
+            )
+            if o.max_model_len is not None:
+                kwargs["max_model_len"] = o.max_model_len
+            if self.agent.family.name in ("vision", "audio"):
+                kwargs["limit_mm_per_prompt"] = {"image": 0, "video": 1} if self.agent.family.name == "vision" else {"audio": 1}
+            try:
+                self._llm = LLM(**kwargs)
+            except (ValueError, NotImplementedError) as error:
+                raise ValueError(f"{self.where}: vLLM cannot serve the model in {self.model_path!r}: {error}") from error
+        return self._llm
+
+    def _wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def _sleep(self) -> None:
+        if self.options.enable_sleep_mode and not self._asleep:
+            self.llm.sleep(level=1)  # weights to host memory, KV cache freed, for the update
+            self._asleep = True
+
+    # --- sampling ---------------------------------------------------------------------------
+    def prompt(self, observation: dict[str, Any]) -> dict[str, Any]:
+        """vLLM prompt of one observation: token ids of the chat prompt, plus media for multimodal families."""
+        family = self.agent.family
+        if family.name == "causal_lm":
+            text = family.prompt_text(observation["messages"])
+            ids = self.agent.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return {"prompt_token_ids": list(ids)}
+        text = family.prompt_text(observation["messages"], family.placeholder(observation))
+        media: dict[str, Any] = {}
+        if family.name == "audio":
+            waveform = family.waveform_of(observation)
+            if waveform is not None:
+                rate = getattr(getattr(family.processor, "feature_extractor", None), "sampling_rate", 16000)
+                media["audio"] = (waveform, rate)
+        elif family.name == "vision":
+            frames = family.frames_of(observation)
+            if frames is not None:
+                media["video"] = frames
+        else:
+            raise ValueError(f"{self.where}.backend: vllm has no input path for family {family.name!r}")
+        return {"prompt": text, "multi_modal_data": media} if media else {"prompt": text}
+
+    def sample(
+        self,
+        observations: Sequence[dict[str, Any]],
+        inputs: dict[str, Any],
+        greedy: bool,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Sampled]:
+        from vllm import SamplingParams
+
+        if self.stale:
+            self.sync()
+        self._wake()
+        agent = self.agent
+        # one seed per request (one shared seed would give every rollout of a group the same
+        # sample), drawn from torch's generator so seeded runs repeat, as HF sampling does
+        if seeds is None:  # the driver passes per-trajectory seeds (global position); else torch's generator
+            seeds = torch.randint(0, 2**31 - 1, (len(observations),)).tolist()
+        seeds = [int(s) % (2**31 - 1) for s in seeds]
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=0.0 if greedy else agent.temperature,
+                top_p=1.0 if greedy else agent.top_p,
+                max_tokens=agent.max_new_tokens,
+                stop_token_ids=agent.eos_ids,
+                logprobs=0,  # the sampled token's own log-prob
+                seed=None if greedy else seed,
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate([self.prompt(o) for o in observations], params, use_tqdm=False)
+        results = []
+        for out in outputs:
+            completion = out.outputs[0]
+            ids = list(completion.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
+            results.append(Sampled(torch.tensor(ids, dtype=torch.long), torch.tensor(logprobs, dtype=torch.float32)))
+        self._sleep()
+        return results
+
+    def score(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """The engine's log-probs of given completions after given prompts (token ids), at
+        temperature 1: vLLM's prompt log-probs of prompt + completion. For checks of the sync and
+        the sampler-learner gap."""
+        from vllm import SamplingParams
+
+        self._wake()
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        requests = [{"prompt_token_ids": list(p) + list(c)} for p, c in zip(prompts, completions)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        scores = []
+        for out, prompt, completion in zip(outputs, prompts, completions):
+            steps = out.prompt_logprobs[len(prompt) :]
+            scores.append(torch.tensor([step[t].logprob for step, t in zip(steps, completion)], dtype=torch.float32))
+        self._sleep()
+        return scores
+
+    # --- weight sync --------------------------------------------------------------------------
+    @torch.no_grad()
+    def sync(self) -> int:
+        """Load the learner's weights into the engine, one layer at a time; returns tensors sent.
+
+        Every rank must call it (gathering a sharded parameter is a collective); a rank without an
+        engine of its own would still take part in the gathers.
+        """
+        self._wake()
+        sent = 0
+        layerwise = all(self.llm.collective_rpc(_begin_reload))
+        for group in layers(self.agent.model):
+            sent += sum(self.llm.collective_rpc(_load_weights, args=(group,))[:1])
+        if layerwise:
+            self.llm.collective_rpc(_end_reload)
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.stale = False
+        self.syncs += 1
+        return sent

@@ -1,0 +1,59 @@
+"""The learner's weights as the engine wants them: full tensors, one layer at a time.
+
+Under FSDP2 every parameter is a ``DTensor`` shard; ``full_tensor()`` gathers one parameter on
+every rank (a collective: all ranks iterate the same names in the same order), so at most one
+layer is ever whole in memory. A peft model yields its base weights with the LoRA update merged
+in (``merge_adapter`` / ``unmerge_adapter`` around the walk) under the base model's names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import torch
+import torch.nn as nn
+
+_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+_PEFT_PREFIX = "base_model.model."
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    full_tensor = getattr(tensor, "full_tensor", None)  # torch.distributed.tensor.DTensor
+    return (full_tensor() if full_tensor is not None else tensor).detach()
+
+
+def engine_name(name: str) -> str | None:
+    """The checkpoint name of a learner parameter; None for parameters the engine has no use for
+    (LoRA factors, which are merged into their base weight)."""
+    if "lora_" in name or ".original_module." in name:
+        return None
+    if name.startswith(_PEFT_PREFIX):
+        name = name[len(_PEFT_PREFIX) :]
+    return name.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
+
+
+def layers(model: nn.Module) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """(name, full tensor) lists, one decoder layer (or one loose parameter) per list, in order."""
+    is_peft = hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
+    if is_peft:
+        model.merge_adapter()
+    try:
+        group: list[tuple[str, torch.Tensor]] = []
+        current: str | None = None
+        for name, param in model.named_parameters():
+            target = engine_name(name)
+            if target is None:
+                continue
+            match = _LAYER.match(target)
+            key = match.group(1) if match else target
+            if group and key != current:
+                yield group
+                group = []
+            current = key
+            group.append((target, _full(param)))
+        if group:
+            yield group
+    finally:
+        if is_peft:
+            model.unmerge_adapter()

@@ -1,0 +1,245 @@
+"""Judges served by vLLM: an OpenAI-compatible server shared by every rank, or an engine in process.
+
+One large judge (a 27B examiner) serves a whole cluster when it runs as a server
+(``vllm serve NAME``) and every rank points at it: ``examiner: {url: http://HOST:8000/v1, model: NAME}``.
+Requests go out ``batch_size`` at a time in parallel (the server batches them on the accelerator),
+each with a timeout and retries; a server that stays down raises :class:`JudgeUnavailable` naming
+the URL.
+
+The examiner reads the letter A–E as :class:`~agentcap.judges.examiner.LLMExaminer` does: one
+next token, restricted to the five letter ids (``allowed_token_ids`` and ``logit_bias``) and read
+from its top log-probs, greedy, no free text to parse. The coherence scorer needs log-probs of given
+tokens: vLLM's ``prompt_logprobs`` of prompt + response token ids (READ Eq. 4 on the server).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from agentcap.judges.examiner import INSTRUCTION, LETTERS, Question, _check_pairs, _unique
+
+
+class JudgeUnavailable(RuntimeError):
+    """The judge server did not answer (after retries)."""
+
+
+class ServedClient:
+    """A small JSON client for an OpenAI-compatible ``/v1`` server (vLLM's own endpoints included).
+
+    Args:
+        url: base URL ending in ``/v1``, e.g. ``http://127.0.0.1:8000/v1``.
+        model: the served model name (``vllm serve``'s ``--served-model-name`` or path).
+        timeout: seconds per request.
+        retries: further attempts after a failed request (connection refused, 5xx, timeout).
+        backoff: seconds before the first retry, doubled each time.
+        batch_size: requests in flight at once.
+        api_key: sent as a bearer token when set.
+    """
+
+    def __init__(self, url: str, model: str, timeout: float = 60.0, retries: int = 3, backoff: float = 1.0,
+                 batch_size: int = 32, api_key: str | None = None):
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"judge url: {url!r} must start with http:// or https:// (e.g. http://127.0.0.1:8000/v1)")
+        if batch_size < 1:
+            raise ValueError(f"judge batch_size must be >= 1, got {batch_size}")
+        self.url, self.model = url.rstrip("/"), model
+        self.timeout, self.retries, self.backoff, self.batch_size = timeout, retries, backoff, batch_size
+        self.api_key = api_key
+
+    def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST JSON to ``<url><path>`` (``/tokenize`` goes to the server root); retries, then a clear error."""
+        base = self.url.removesuffix("/v1") if path == "/tokenize" else self.url
+        data = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        error: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            request = urllib.request.Request(base + path, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as err:
+                body = err.read().decode(errors="replace")[:500]
+                if err.code < 500:  # a bad request does not get better by retrying
+                    raise ValueError(f"judge server {base + path} refused the request ({err.code}): {body}") from None
+                error = RuntimeError(f"{err.code}: {body}")
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
+                error = err
+        raise JudgeUnavailable(
+            f"judge server {base + path} (model {self.model!r}) did not answer after {self.retries + 1} attempts "
+            f"({error}); is `vllm serve` running and reachable from this rank?"
+        )
+
+    def map(self, path: str, payloads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """POST every payload, ``batch_size`` in flight at once; results in order."""
+        if not payloads:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.batch_size, len(payloads))) as pool:
+            return list(pool.map(lambda p: self.post(path, p), payloads))
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})["tokens"])
+
+
+def letter_token_ids(tokenize) -> list[int]:
+    """The five single-token ids of A–E (``tokenize``: text → ids), or a clear error."""
+    ids = [tokenize(letter) for letter in LETTERS]
+    if any(len(x) != 1 for x in ids) or len({x[0] for x in ids}) != 5:
+        raise ValueError(f"the judge's tokenizer does not give A–E one distinct token each (got {ids})")
+    return [x[0] for x in ids]
+
+
+def _examiner_messages(caption: str, question: Question) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"{INSTRUCTION}\n\nCaption: {caption}\n\nQuestion: {question.prompt_text()}"}]
+
+
+def _letter_scores(top: Sequence[tuple[str, float]], chosen: str | None) -> list[float]:
+    """Log-probs of A–E from a top-log-probs list (missing letters −inf); the chosen letter wins when
+    the server reported raw (unrestricted) log-probs that name none of them."""
+    scores = [float("-inf")] * 5
+    for token, logprob in top:
+        letter = token.strip()
+        if letter in LETTERS and scores[LETTERS.index(letter)] == float("-inf"):
+            scores[LETTERS.index(letter)] = float(logprob)
+    if all(s == float("-inf") for s in scores) and chosen and chosen.strip() in LETTERS:
+        scores[LETTERS.index(chosen.strip())] = 0.0
+    return scores
+
+
+class _LetterExaminer:
+    """Shared ``answer`` / ``letter_logits`` over a ``_read(prompts) -> [N, 5]`` readout."""
+
+    def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str]:
+        return [LETTERS[k] for k in self.letter_logits(captions, questions).argmax(dim=1).tolist()]
+
+    def letter_logits(self, captions: Sequence[str], questions: Sequence[Question]) -> torch.Tensor:
+        """[N, 5] log-probs of A–E per pair (identical pairs asked once)."""
+        _check_pairs(captions, questions, "questions")
+        if not captions:
+            return torch.zeros((0, 5))
+        keys = [(c, q.passage, q.options) for c, q in zip(captions, questions)]
+        distinct, inverse = _unique(keys)
+        pair_of = dict(zip(keys, zip(captions, questions)))
+        scores = self._read([_examiner_messages(*pair_of[k]) for k in distinct])
+        return scores[torch.tensor(inverse)]
+
+
+class ServedExaminer(_LetterExaminer):
+    """The cloze / MCQ examiner on an OpenAI-compatible server (see module docstring)."""
+
+    def __init__(self, client: ServedClient):
+        self.client = client
+        self._letter_ids: list[int] | None = None
+
+    @property
+    def letter_ids(self) -> list[int]:
+        if self._letter_ids is None:
+            self._letter_ids = letter_token_ids(self.client.tokenize)
+        return self._letter_ids
+
+    def _read(self, conversations: list[list[dict[str, str]]]) -> torch.Tensor:
+        ids = self.letter_ids
+        payloads = [
+            {
+                "model": self.client.model, "messages": messages, "max_tokens": 1, "temperature": 0.0,
+                "logprobs": True, "top_logprobs": 5, "allowed_token_ids": ids,
+                "logit_bias": {str(i): 100 for i in ids},
+            }
+            for messages in conversations
+        ]
+        rows = []
+        for reply in self.client.map("/chat/completions", payloads):
+            choice = reply["choices"][0]
+            content = (choice.get("logprobs") or {}).get("content") or [{}]
+            top = [(t["token"], t["logprob"]) for t in content[0].get("top_logprobs", [])]
+            rows.append(_letter_scores(top, (choice.get("message") or {}).get("content")))
+        return torch.tensor(rows, dtype=torch.float32)
+
+
+class VLLMExaminer(_LetterExaminer):
+    """The examiner as a vLLM engine in this process (``examiner: {vllm: MODEL_FOLDER}``)."""
+
+    def __init__(self, path: str, gpu_memory_utilization: float = 0.2, max_model_len: int | None = 4096,
+                 dtype: str = "auto", enforce_eager: bool = False):
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(model=path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                                      enforce_eager=enforce_eager, logprobs_mode="processed_logprobs")
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        self.llm = LLM(**kwargs)
+        tokenizer = self.llm.get_tokenizer()
+        self.letter_ids = letter_token_ids(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _read(self, conversations: list[list[dict[str, str]]]) -> torch.Tensor:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, allowed_token_ids=self.letter_ids)
+        outputs = self.llm.chat(conversations, params, use_tqdm=False)
+        rows = []
+        for out in outputs:
+            step = (out.outputs[0].logprobs or [{}])[0]
+            by_id = {token: lp.logprob for token, lp in step.items()}
+            rows.append([by_id.get(i, float("-inf")) for i in self.letter_ids])
+        return torch.tensor(rows, dtype=torch.float32)
+
+
+class ServedCoherenceScorer:
+    """READ's coherence scorer (Eq. 4) on a served causal LM: the same anti-copy masked mean
+    log-prob as :class:`~agentcap.judges.coherence.CoherenceScorer`, with the response tokens'
+    log-probs taken from the server's ``prompt_logprobs``. The local ``tokenizer`` folder must be
+    the served model's (token ids travel, not text)."""
+
+    def __init__(self, client: ServedClient, tokenizer: str, max_length: int = 1024):
+        from transformers import AutoTokenizer
+
+        from agentcap.judges.coherence import CoherenceScorer
+
+        self.client = client
+        self._local = CoherenceScorer.__new__(CoherenceScorer)  # its query building, our forward pass
+        self._local.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self._local.batch_size = client.batch_size
+        self._local.max_length = max_length
+        self._local._masked_mean_logprob = self._masked_mean_logprob
+
+    def score(self, contexts: Sequence[Sequence[str]], responses: Sequence[str], n: int = 3) -> torch.Tensor:
+        return self._local.score(contexts, responses, n=n)
+
+    def _masked_mean_logprob(self, batch: list[tuple[list[int], list[int], list[int]]]) -> torch.Tensor:
+        payloads = [
+            {"model": self.client.model, "prompt": list(prefix) + list(response), "max_tokens": 1,
+             "temperature": 0.0, "prompt_logprobs": 0}
+            for prefix, response, _ in batch
+        ]
+        out = []
+        for reply, (prefix, response, mask) in zip(self.client.map("/completions", payloads), batch):
+            steps = reply["choices"][0].get("prompt_logprobs") or reply.get("prompt_logprobs")
+            if steps is None:
+                raise ValueError(f"judge server {self.client.url} returned no prompt_logprobs (is it vLLM?)")
+            steps = steps[len(prefix) :]
+            logprobs = [float(step[str(t)]["logprob"]) for step, t in zip(steps, response)]
+            kept = sum(m for m in mask)
+            out.append(sum(lp * m for lp, m in zip(logprobs, mask)) / kept)
+        return torch.tensor(out, dtype=torch.float64)
+
+
+def served_judge_client(spec: dict[str, Any], where: str) -> ServedClient:
+    """A :class:`ServedClient` from a config mapping ``{url, model, timeout?, retries?, batch_size?}``."""
+    known = {"url", "model", "timeout", "retries", "backoff", "batch_size", "api_key"}
+    unknown = sorted(set(spec) - known - {"tokenizer", "vllm", "max_length"})
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; a served judge takes {sorted(known)}")
+    if "url" not in spec or "model" not in spec:
+        raise ValueError(f"{where}: a served judge needs both url and model (got {sorted(spec)})")
+    return ServedClient(**{k: v for k, v in spec.items() if k in known})
