@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from agentcap.agents.families import FAMILIES, Family, Observation
+from agentcap.agents.logprobs import chosen_logprobs, head_removed, logits_logprobs, plain_head
 from agentcap.agents.tiny import CAUSAL_KINDS, build_tiny
 
 
@@ -162,13 +162,22 @@ class Agent(nn.Module):
         With ``with_entropy`` also returns the per-token entropy of the same distribution.
         """
         temperature = self.temperature if temperature is None else temperature
-        logits = self.family.logits(inputs, completion, mask).float() / temperature
-        logp_all = F.log_softmax(logits, dim=-1)  # [N, T, V]
-        logprobs = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1) * mask
+        head = plain_head(self.model)
+        if head is None:
+            logits = self.family.logits(inputs, completion, mask).float() / temperature
+            logprobs, entropy = logits_logprobs(logits, completion, with_entropy)
+            logprobs = logprobs * mask
+            return (logprobs, entropy * mask) if with_entropy else logprobs
+        # the head applied chunk-wise to the completion tokens only: no [N, T, V] tensor survives
+        path, linear = head
+        with head_removed(self.model, path):
+            hidden = self.family.logits(inputs, completion, mask)  # [N, T, H]
+        keep = mask.bool()
+        chosen, entropy_kept = chosen_logprobs(hidden[keep], linear.weight, completion[keep], temperature)
+        logprobs = chosen.new_zeros(completion.shape).masked_scatter(keep, chosen)
         if not with_entropy:
             return logprobs
-        entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
-        return logprobs, entropy
+        return logprobs, entropy_kept.new_zeros(completion.shape).masked_scatter(keep, entropy_kept)
 
     def encode(self, observations: Sequence[Observation]) -> dict[str, Any]:
         return self.family.encode(list(observations))
