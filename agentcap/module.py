@@ -44,6 +44,7 @@ from agentcap.algorithms.loop import normalize_by_type
 from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.logs import emit, rollout_metrics, sample_rows
 from agentcap.optim import build_optimizer, optimizer_step
+from agentcap.old_policy import fill_old_logprobs, old_or_current
 from agentcap.replay import Replay
 from agentcap.resume import ResumeHooks
 from agentcap.rollout import Span
@@ -210,7 +211,9 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         rank, _ = distributed.world()
         seed = self.seed * 1_000_003 + self.tick * 10_007 + rank * 101
         torch.manual_seed(seed)  # sampling repeats exactly, also after a resume
-        batch = self.splits.driver("train", stage).run(items, self.group_size, seed=seed, sample_agents={agent.name})
+        batch = self.splits.driver("train", stage).run(
+            items, self.group_size, seed=seed, sample_agents={agent.name}, old_logprobs=False
+        )
         spans = batch.spans_of(agent.name)
         # advantages: group-normalised utilities per (group, kind) — READ Eq. 1 / LOOP Eq. 17
         advantages = normalize_by_type(
@@ -233,9 +236,13 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         sums: dict[str, float] = defaultdict(float)
         n_updates = 0
         rng = np.random.default_rng([self.seed, self.tick])
+        epochs = []
         for _ in range(self.ppo_epochs):
             order = rng.permutation(len(spans)).tolist()
-            chunks = [order[i : i + self.minibatch_size] for i in range(0, len(order), self.minibatch_size)]
+            epochs.append([order[i : i + self.minibatch_size] for i in range(0, len(order), self.minibatch_size)])
+        # off-policy steps need old log-probs; the first minibatch is on-policy (agentcap.old_policy)
+        fill_old_logprobs(agent, spans, set(epochs[0][0]) if epochs and epochs[0] else set(), self.minibatch_size)
+        for chunks in epochs:
             for chunk in distributed.aligned(chunks, self.device):
                 stats = self._policy_step(agent, [spans[i] for i in chunk])
                 for k, v in stats.items():
@@ -252,13 +259,13 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             inputs = agent.encode([r.observation for r in rows])
             pad = agent.tokenizer.pad_token_id
             completion, mask = pad_right([r.completion_ids for r in rows], pad, self.device)
-            old, _ = pad_right([r.old_logprobs for r in rows], 0, self.device)
             advantages = torch.tensor([r.advantage for r in rows], device=self.device)
             logprobs, entropy = agent.completion_logprobs(inputs, completion, mask, with_entropy=True)
+            old = old_or_current(rows, logprobs)
             ref = None if self._reference is None else self._reference.completion_logprobs(agent, inputs, completion, mask)
             weights = token_weights(mask, normalizer=norm, mode=self.loss_aggregation, dtype=logprobs.dtype)
             out = clipped_objective(
-                logprobs, old.to(logprobs.dtype), advantages, mask, self.clip_eps, self.clip_eps_high,
+                logprobs, old, advantages, mask, self.clip_eps, self.clip_eps_high,
                 self.beta, ref, weights,
             )
             self.manual_backward(out["loss"])

@@ -46,7 +46,7 @@ class Replay:
         rng = np.random.default_rng([self.seed, stage_index])
         rank, size = world()
         chosen = rng.permutation(n)[: stage.harvest_items].tolist()[rank::size]
-        batch = driver.run(chosen, group_size=1, seed=self.seed + tick)
+        batch = driver.run(chosen, group_size=1, seed=self.seed + tick, old_logprobs=False)
         items = driver.scorer.unwrapped.harvest(batch.episodes)
         if not items:
             raise RuntimeError(f"stage {stage.name!r}: the harvest produced no items (no questions asked?)")

@@ -33,7 +33,7 @@ class Span:
     observation: dict[str, Any]
     text: str
     completion_ids: torch.Tensor  # [T]
-    old_logprobs: torch.Tensor  # [T]
+    old_logprobs: torch.Tensor | None  # [T]; None until the update needs them (agentcap.old_policy)
     utility: float | None = None
     advantage: float = 0.0
 
@@ -83,11 +83,13 @@ class RolloutDriver:
         seed: int | None = None,
         items: Sequence[dict[str, Any]] | None = None,
         sample_agents: set[str] | None = None,
+        old_logprobs: bool = True,
     ) -> RolloutBatch:
         """Roll out every item ``group_size`` times; ``items`` replaces dataset indices (inference).
 
         Agents in ``sample_agents`` sample (default: all unless ``greedy``); the others decode greedily,
-        so a frozen role answers the same state the same way in every rollout of a group.
+        so a frozen role answers the same state the same way in every rollout of a group. Without
+        ``old_logprobs`` the spans carry none (GRPO computes them only when off-policy).
         """
         keys = list(items) if items is not None else list(indices or [])
         n = len(keys) * group_size
@@ -113,7 +115,8 @@ class RolloutDriver:
                 agent = self._agent(name)
                 samples = not greedy and (sample_agents is None or name in sample_agents)
                 generations = agent.generate(
-                    [observations[t] for t in trajectories], greedy=not samples, batch_size=self.generation_batch_size
+                    [observations[t] for t in trajectories], greedy=not samples, batch_size=self.generation_batch_size,
+                    old_logprobs=old_logprobs,
                 )
                 calls[name] += -(-len(trajectories) // self.generation_batch_size)
                 for t, gen in zip(trajectories, generations):

@@ -43,7 +43,7 @@ def llama(tmp_path):
     texts = tmp_path / "texts.txt"
     texts.write_text("Anna opens the red door .\nTom picks up the key .\n")
     torch.manual_seed(0)
-    tiny = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    tiny = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64, "tie_word_embeddings": True}
     agent = build_agent("policy", AgentConfig(tiny=tiny, build_tokenizer_from=[str(texts)], max_new_tokens=5,
                                                temperature=0.8))

@@ -59,11 +59,12 @@ class AgentConfig:
 
 @dataclass
 class Generation:
-    """One sampled action: its text, token ids and the log-probs it was sampled with (old policy)."""
+    """One sampled action: its text, token ids and the log-probs it was sampled with (old policy;
+    ``None`` when not asked for: the update takes them from its own first forward)."""
 
     text: str
     completion_ids: torch.Tensor  # [T]
-    old_logprobs: torch.Tensor  # [T]
+    old_logprobs: torch.Tensor | None  # [T]
 
 
 class Agent(nn.Module):
@@ -121,9 +122,14 @@ class Agent(nn.Module):
     # --- generation ---------------------------------------------------------------------------
     @torch.no_grad()
     def generate(
-        self, observations: Sequence[Observation], greedy: bool = False, batch_size: int = 64
+        self,
+        observations: Sequence[Observation],
+        greedy: bool = False,
+        batch_size: int = 64,
+        old_logprobs: bool = True,
     ) -> list[Generation]:
-        """One batched sampling call per ``batch_size`` observations; returns texts, ids, log-probs."""
+        """One batched sampling call per ``batch_size`` observations; returns texts, ids and, with
+        ``old_logprobs``, the log-probs (one more forward: GRPO skips it, see ``agentcap.old_policy``)."""
         results: list[Generation] = []
         for start in range(0, len(observations), batch_size):
             chunk = list(observations[start : start + batch_size])
@@ -138,12 +144,13 @@ class Agent(nn.Module):
                 kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
             new = self.family.generate(inputs, **kwargs)  # [N, T]
             completion, mask = trim_after_eos(new, self.eos_ids, self.tokenizer.pad_token_id)
-            logprobs = self.completion_logprobs(inputs, completion, mask)
+            logprobs = self.completion_logprobs(inputs, completion, mask) if old_logprobs else None
             for i in range(completion.shape[0]):
                 n = int(mask[i].sum())
                 ids = completion[i, :n]
                 text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
-                results.append(Generation(text=text, completion_ids=ids.cpu(), old_logprobs=logprobs[i, :n].cpu()))
+                old = None if logprobs is None else logprobs[i, :n].cpu()
+                results.append(Generation(text=text, completion_ids=ids.cpu(), old_logprobs=old))
         return results
 
     # --- scoring ------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def evaluate_rollouts(
     chunk = max(1, chunk)
     torch.manual_seed(seed + rank)
     for start in range(0, len(mine), chunk):
-        batch = driver.run(mine[start : start + chunk], group_size=1, greedy=greedy)
+        batch = driver.run(mine[start : start + chunk], group_size=1, greedy=greedy, old_logprobs=False)
         for score in batch.scores:
             values: dict[str, Any] = {"reward": score.reward, **score.components}
             values.update({k: v for k, v in score.extras.items() if isinstance(v, (int, float))})
