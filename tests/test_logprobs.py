@@ -91,3 +91,18 @@ def test_no_vocabulary_sized_tensor_is_kept_for_backward(llama):
         llama.completion_logprobs(inputs, completion, mask, with_entropy=True)
     wide = [s for s in saved if len(s) >= 2 and s[-1] == vocab and s.numel() >= vocab * int(mask.sum())]
     assert not wide, f"vocabulary-wide tensors saved for backward: {wide}"
+
+
+def test_a_swapped_in_reference_model_is_scored_with_its_own_head(llama):
+    """agents.reference swaps family.model: the chunked path must read that model's head."""
+    from agentcap.agents.reference import Reference
+
+    inputs, completion, mask = batch(llama)
+    reference = Reference(llama)
+    with torch.no_grad():
+        reference.model.get_output_embeddings().weight.mul_(2.0)
+        logits = reference.model(**llama.family.sequence_inputs(inputs, completion, mask)).logits
+    t = completion.shape[1]
+    logp = torch.log_softmax(logits[:, -(t + 1) : -1].float() / llama.temperature, -1)
+    want = logp.gather(-1, completion[..., None]).squeeze(-1) * mask
+    torch.testing.assert_close(reference.completion_logprobs(llama, inputs, completion, mask), want)

@@ -169,7 +169,8 @@ class Agent(nn.Module):
         With ``with_entropy`` also returns the per-token entropy of the same distribution.
         """
         temperature = self.temperature if temperature is None else temperature
-        head = plain_head(self.model)
+        model = self.family.model  # the live policy, or a KL reference swapped in (agents.reference)
+        head = plain_head(model)
         if head is None:
             logits = self.family.logits(inputs, completion, mask).float() / temperature
             logprobs, entropy = logits_logprobs(logits, completion, with_entropy)
@@ -177,7 +178,7 @@ class Agent(nn.Module):
             return (logprobs, entropy * mask) if with_entropy else logprobs
         # the head applied chunk-wise to the completion tokens only: no [N, T, V] tensor survives
         path, linear = head
-        with head_removed(self.model, path):
+        with head_removed(model, path):
             hidden = self.family.logits(inputs, completion, mask)  # [N, T, H]
         keep = mask.bool()
         chosen, entropy_kept = chosen_logprobs(hidden[keep], linear.weight, completion[keep], temperature)
