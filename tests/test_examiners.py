@@ -348,7 +348,9 @@ def test_bench_examiner_runs_on_a_tiny_model(tiny, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("bench_examiner", Path(__file__).parents[1] / "tools" / "bench_examiner.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    bench.main(["--model", str(tmp_path / "tiny"), "--questions", "6", "--gen-tokens", "2", "--rouge-pairs", "20"])
+    bench.main(["--model", str(tmp_path / "tiny"), "--questions", "6", "--gen-tokens", "2", "--rouge-pairs", "20",
+                "--repeats", "1"])
     out = capsys.readouterr().out
-    assert "letter logits, 1 pass per batch" in out and "free generation (2 new tokens)" in out
+    assert "letter logits, shared prefixes" in out and "free generation (2 new tokens)" in out
+    assert "same letters as per-prompt: yes" in out
     assert "scores identical: True" in out
