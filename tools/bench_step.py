@@ -109,11 +109,11 @@ def agentcap_steps(args) -> dict:
     prompts = [{"agent": "policy", "messages": [{"role": "user", "content": p}]} for p in PROMPTS[: args.prompts]]
     observations = [o for o in prompts for _ in range(args.group)]
     timer = Timer()
-    base, times, splits = rss_mb(), [], []
+    base, times, cpus, splits = rss_mb(), [], [], []
     for step in range(args.steps + 1):
         timer.parts.clear()
         torch.manual_seed(args.seed + step)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         t0 = time.perf_counter()
         gens = agent.generate(observations, old_logprobs=False)
         timer.parts["generation"] += time.perf_counter() - t0
@@ -136,9 +136,10 @@ def agentcap_steps(args) -> dict:
         timer.parts["update"] += time.perf_counter() - t0
         if step:  # the first step warms up (allocator, kernels)
             times.append(time.perf_counter() - start)
+            cpus.append(time.process_time() - cpu)
             splits.append(dict(timer.parts))
     tokens = int(mask.sum())
-    return {"times": times, "splits": splits, "peak_mb": peak_mb() - base, "tokens": tokens}
+    return {"times": times, "cpu": cpus, "splits": splits, "peak_mb": peak_mb() - base, "tokens": tokens}
 
 
 # --- TRL ----------------------------------------------------------------------------------------
@@ -192,12 +193,12 @@ def trl_steps(args) -> dict:
     trainer._generate_and_score_completions = timed_rollout
     trainer._get_per_token_logps_and_entropies = timed_logps
     base = rss_mb()
-    times, splits = [], []
+    times, cpus, splits = [], [], []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, *_, **__):
             timer.parts.clear()
-            self.start = time.perf_counter()
+            self.start, self.cpu = time.perf_counter(), time.process_time()
 
         def on_step_end(self, _args, trainer_state, control, **__):
             total = time.perf_counter() - self.start
@@ -205,11 +206,12 @@ def trl_steps(args) -> dict:
                 parts = dict(timer.parts)
                 parts["update"] = total - parts.pop("rollout", 0.0)
                 times.append(total)
+                cpus.append(time.process_time() - self.cpu)
                 splits.append(parts)
 
     trainer.add_callback(Clock())
     trainer.train()
-    return {"times": times, "splits": splits, "peak_mb": peak_mb() - base, "tokens": None}
+    return {"times": times, "cpu": cpus, "splits": splits, "peak_mb": peak_mb() - base, "tokens": None}
 
 
 # --- driver -------------------------------------------------------------------------------------
@@ -217,6 +219,7 @@ def worker(args) -> None:
     torch.set_num_threads(args.threads)
     result = agentcap_steps(args) if args.worker == "agentcap" else trl_steps(args)
     result["median_s"] = statistics.median(result["times"])
+    result["cpu_s"] = statistics.median(result["cpu"])
     print("RESULT " + json.dumps(result))
 
 
@@ -246,14 +249,17 @@ def split_means(result: dict) -> str:
 def compare(args) -> None:
     rows = []
     for pair in range(args.pairs):
-        order = ("agentcap", "trl") if pair % 2 == 0 else ("trl", "agentcap")
+        order = ("trl", "agentcap") if pair % 2 == 0 else ("agentcap", "trl")
         got = {impl: measure(impl, args.trl_python if impl == "trl" else sys.executable, args) for impl in order}
         rows.append(got)
         a, t = got["agentcap"], got["trl"]
         print(f"pair {pair}: agentcap {a['median_s']:.2f} s ({split_means(a)}), {a['peak_mb']:.0f} MB | "
               f"TRL {t['median_s']:.2f} s ({split_means(t)}), {t['peak_mb']:.0f} MB | "
-              f"ratio {a['median_s'] / t['median_s']:.2f}", flush=True)
+              f"ratio {a['median_s'] / t['median_s']:.2f} wall, {a['cpu_s'] / t['cpu_s']:.2f} CPU "
+              f"(CPU s {a['cpu_s']:.1f} vs {t['cpu_s']:.1f})", flush=True)
     ratios = [r["agentcap"]["median_s"] / r["trl"]["median_s"] for r in rows]
+    cpu = [r["agentcap"]["cpu_s"] / r["trl"]["cpu_s"] for r in rows]
+    print(f"step CPU time agentcap / TRL: min {min(cpu):.2f}, median {statistics.median(cpu):.2f}")
     memory = [r["agentcap"]["peak_mb"] / max(r["trl"]["peak_mb"], 1e-9) for r in rows]
     print(f"step time agentcap / TRL over {len(rows)} pairs: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}")
     print(f"peak memory agentcap / TRL: min {min(memory):.2f}, median {statistics.median(memory):.2f}")
@@ -261,14 +267,14 @@ def compare(args) -> None:
 
 
 def scaling(args) -> None:
-    print("| setting | step s | peak MB above model | split gen/old/upd/reward s |")
-    print("|---|---|---|---|")
+    print("| setting | step s (wall) | step CPU s | peak MB above model | split gen/old/upd/reward s |")
+    print("|---|---|---|---|---|")
     grid = [dict(group=g) for g in (2, 4, 8)] + [dict(prompts=p) for p in (2, 8)] + [dict(new_tokens=t) for t in (16, 64)]
     for overrides in grid:
         r = measure("agentcap", sys.executable, args, **overrides)
         label = ", ".join(f"{k}={v}" for k, v in {**dict(group=args.group, prompts=args.prompts,
                                                          new_tokens=args.new_tokens), **overrides}.items())
-        print(f"| {label} | {r['median_s']:.2f} | {r['peak_mb']:.0f} | {split_means(r)} |", flush=True)
+        print(f"| {label} | {r['median_s']:.2f} | {r['cpu_s']:.2f} | {r['peak_mb']:.0f} | {split_means(r)} |", flush=True)
 
 
 def main(argv=None) -> None:
@@ -280,7 +286,7 @@ def main(argv=None) -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--steps", type=int, default=2, help="measured steps per process (after one warm-up)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trl-python", default=sys.executable, help="a Python with trl==1.16.0 (extra `bench`)")
     parser.add_argument("--out", default="runs/bench_step")
