@@ -154,8 +154,9 @@ def load_audio(path: str, sample_rate: int, where: str = "", max_seconds: float 
     """Mono float32 waveform at ``sample_rate``; any format soundfile reads (wav, flac, ogg, mp3).
 
     Decoded (and resampled) once: the G rollouts of an item and every turn of an episode that
-    shows the audio again get the same read-only array, until the file changes or
-    ``WAVEFORM_CACHE_SIZE`` newer clips push it out.
+    shows the audio again get a copy of the cached samples (a memcpy; Gymnasium wants every
+    observation to own its data), until the file changes or ``WAVEFORM_CACHE_SIZE`` newer clips
+    push it out.
     """
     if not os.path.isfile(path):
         raise ManifestError(f"{where}: audio file {path!r} not found")
@@ -169,7 +170,7 @@ def load_audio(path: str, sample_rate: int, where: str = "", max_seconds: float 
         while len(_WAVEFORMS) > WAVEFORM_CACHE_SIZE:
             _WAVEFORMS.popitem(last=False)
     _WAVEFORMS.move_to_end(key)
-    return wave
+    return wave.copy()
 
 
 def _decode_audio(path: str, sample_rate: int, where: str, max_seconds: float | None) -> np.ndarray:
