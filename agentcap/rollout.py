@@ -114,9 +114,10 @@ class RolloutDriver:
             for name, trajectories in waiting.items():
                 agent = self._agent(name)
                 samples = not greedy and (sample_agents is None or name in sample_agents)
+                extra = {} if old_logprobs else {"old_logprobs": False}  # agents without the option still work
                 generations = agent.generate(
                     [observations[t] for t in trajectories], greedy=not samples, batch_size=self.generation_batch_size,
-                    old_logprobs=old_logprobs,
+                    **extra,
                 )
                 calls[name] += -(-len(trajectories) // self.generation_batch_size)
                 for t, gen in zip(trajectories, generations):
