@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,12 +51,53 @@ def read_manifest(
     max_skip_fraction: float = 0.1,
     report: SkipReport | None = None,
 ) -> list[dict[str, Any]]:
-    """Read a JSONL manifest; each row is checked for ``required`` fields and by ``check``."""
+    """Read a JSONL manifest; each row is checked for ``required`` fields and by ``check``.
+
+    Loaded once per process and manifest version: a rollout pool builds one environment per
+    trajectory, and each would otherwise re-read and re-validate every row (and probe every media
+    file). The cache key is the file's path, modification time and size plus the checks (``check``
+    by its class and name: an environment's ``check_item`` reads the row, not the instance); later
+    callers get the same row dicts and the same skip report.
+    """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
     if not os.path.isfile(path):
         raise ManifestError(f"{path}: manifest not found")
     report = report if report is not None else SkipReport()
+    key = _manifest_key(path, required, check, on_error, max_skip_fraction)
+    if key is not None and key in _MANIFESTS:
+        rows, skipped, total = _MANIFESTS[key]
+        report.total += total
+        report.skipped.extend(skipped)
+        return list(rows)
+    before_total, before_skipped = report.total, len(report.skipped)
+    rows = _read_rows(path, required, check, on_error, report)
+    if report.fraction > max_skip_fraction:
+        shown = "\n  ".join(report.skipped[:5])
+        raise ManifestError(
+            f"{path}: {len(report.skipped)} of {report.total} rows are unusable "
+            f"(more than max_skip_fraction={max_skip_fraction}); first ones:\n  {shown}"
+        )
+    if key is not None:
+        _MANIFESTS[key] = (rows, report.skipped[before_skipped:], report.total - before_total)
+    return list(rows)
+
+
+#: Loaded manifests by (path, mtime, size, checks): see ``read_manifest``.
+_MANIFESTS: dict[tuple, tuple[list[dict[str, Any]], list[str], int]] = {}
+
+
+def _manifest_key(path, required, check, on_error, max_skip_fraction) -> tuple | None:
+    owner = getattr(check, "__self__", None)
+    if check is not None and owner is None:
+        return None  # a free function may close over anything: not cached
+    stat = os.stat(path)
+    fields = tuple(sorted((name, _type_name(kind)) for name, kind in (required or {}).items()))
+    checker = None if check is None else (type(owner).__module__, type(owner).__qualname__, check.__name__)
+    return (os.path.realpath(path), stat.st_mtime_ns, stat.st_size, fields, checker, on_error, max_skip_fraction)
+
+
+def _read_rows(path, required, check, on_error, report: SkipReport) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -87,12 +129,6 @@ def read_manifest(
                 report.skipped.append(str(err))
                 continue
             rows.append(row)
-    if report.fraction > max_skip_fraction:
-        shown = "\n  ".join(report.skipped[:5])
-        raise ManifestError(
-            f"{path}: {len(report.skipped)} of {report.total} rows are unusable "
-            f"(more than max_skip_fraction={max_skip_fraction}); first ones:\n  {shown}"
-        )
     return rows
 
 
@@ -112,8 +148,35 @@ def load_features(path: str, where: str = "") -> np.ndarray:
         raise ManifestError(f"{where}: feature file {path!r} is unreadable ({err})") from None
 
 
+#: Decoded waveforms kept for reuse (most recently used last); see ``load_audio``.
+_WAVEFORMS: OrderedDict[tuple, np.ndarray] = OrderedDict()
+WAVEFORM_CACHE_SIZE = 128
+
+
 def load_audio(path: str, sample_rate: int, where: str = "", max_seconds: float | None = None) -> np.ndarray:
-    """Mono float32 waveform at ``sample_rate``; any format soundfile reads (wav, flac, ogg, mp3)."""
+    """Mono float32 waveform at ``sample_rate``; any format soundfile reads (wav, flac, ogg, mp3).
+
+    Decoded (and resampled) once: the G rollouts of an item and every turn of an episode that
+    shows the audio again get a copy of the cached samples (a memcpy; Gymnasium wants every
+    observation to own its data), until the file changes or ``WAVEFORM_CACHE_SIZE`` newer clips
+    push it out.
+    """
+    if not os.path.isfile(path):
+        raise ManifestError(f"{where}: audio file {path!r} not found")
+    stat = os.stat(path)
+    key = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size, sample_rate, max_seconds)
+    wave = _WAVEFORMS.get(key)
+    if wave is None:
+        wave = _decode_audio(path, sample_rate, where, max_seconds)
+        wave.flags.writeable = False
+        _WAVEFORMS[key] = wave
+        while len(_WAVEFORMS) > WAVEFORM_CACHE_SIZE:
+            _WAVEFORMS.popitem(last=False)
+    _WAVEFORMS.move_to_end(key)
+    return wave.copy()
+
+
+def _decode_audio(path: str, sample_rate: int, where: str, max_seconds: float | None) -> np.ndarray:
     import soundfile
     import torchaudio.functional as AF
 

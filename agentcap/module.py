@@ -50,11 +50,12 @@ from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
 from agentcap.logs import StepClock, emit, rollout_metrics, sample_rows
 from agentcap.optim import build_optimizer, optimizer_step
+from agentcap.old_policy import fill_old_logprobs, old_or_current
 from agentcap.replay import Replay
 from agentcap.resume import ResumeHooks
 from agentcap.rollout import Span
 from agentcap.schedule import Schedule, Stage
-from agentcap.sharding import load_optimizer_state, needs_gradient_all_reduce, shard_agents
+from agentcap.sharding import is_sharded, load_optimizer_state, needs_gradient_all_reduce, shard_agents
 from agentcap.splits import EnvSpec, Splits
 
 __all__ = ["EnvSpec", "GRPOModule"]
@@ -240,7 +241,12 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         seed = self.seed * 1_000_003 + self.tick * 10_007  # per tick: sampling repeats exactly after a resume
         clock = StepClock(self.device)
         driver = self.splits.driver("train", stage)
-        batch = driver.run(items, self.group_size, seed=seed, sample_agents={agent.name}, positions=positions)
+        # old log-probs come lazily from the update (agentcap.old_policy), except for a sharded agent:
+        # its forwards are collectives, and a lazy pass would run a different number on each rank
+        batch = driver.run(
+            items, self.group_size, seed=seed, sample_agents={agent.name}, positions=positions,
+            old_logprobs=is_sharded(agent.model),
+        )
         clock.mark("rollout")
         spans = batch.spans_of(agent.name)
         # advantages: group-normalised utilities per (group, kind) — READ Eq. 1 / LOOP Eq. 17
@@ -267,8 +273,14 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         (``keys`` name this rank's globally) and its loss normalised globally."""
         sums: dict[str, float] = defaultdict(float)
         n_updates = 0
-        for epoch in range(self.ppo_epochs):
-            for chunk in distributed.global_minibatches(keys, self.minibatch_size, seed=(self.seed, self.tick, epoch)):
+        epochs = [
+            distributed.global_minibatches(keys, self.minibatch_size, seed=(self.seed, self.tick, epoch))
+            for epoch in range(self.ppo_epochs)
+        ]
+        # off-policy steps need old log-probs; the first minibatch is on-policy (agentcap.old_policy)
+        fill_old_logprobs(agent, spans, set(epochs[0][0]) if epochs and epochs[0] else set(), self.minibatch_size)
+        for chunks in epochs:
+            for chunk in chunks:
                 stats = self._policy_step(agent, [spans[i] for i in chunk], stand_in=spans[:1])
                 for k, v in stats.items():
                     sums[k] += v
@@ -287,16 +299,16 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             inputs = agent.encode([r.observation for r in rows])
             pad = agent.tokenizer.pad_token_id
             completion, mask = pad_right([r.completion_ids for r in rows], pad, self.device)
-            old, _ = pad_right([r.old_logprobs for r in rows], 0, self.device)
             advantages = torch.tensor([r.advantage for r in rows], device=self.device)
             logprobs, entropy = agent.completion_logprobs(inputs, completion, mask, with_entropy=True)
+            old = old_or_current(rows, logprobs)
             ref = None if self._reference is None else self._reference.completion_logprobs(agent, inputs, completion, mask)
             weights = token_weights(mask, normalizer=norm, mode=self.loss_aggregation, dtype=logprobs.dtype) * scale
             sampler, _ = pad_right([r.old_logprobs if r.sampler_logprobs is None else r.sampler_logprobs
                                     for r in rows], 0, self.device)
             tis = None if self.tis_cap is None else truncated_importance_weights(old, sampler, mask, self.tis_cap)
             out = clipped_objective(
-                logprobs, old.to(logprobs.dtype), advantages, mask, self.clip_eps, self.clip_eps_high,
+                logprobs, old, advantages, mask, self.clip_eps, self.clip_eps_high,
                 self.beta, ref, weights, importance_weights=tis,
             )
             self.manual_backward(out["loss"])

@@ -45,7 +45,7 @@ class Replay:
         n = len(driver.scorer.unwrapped.items)
         rng = np.random.default_rng([self.seed, stage_index])
         chosen, positions = share(rng.permutation(n)[: stage.harvest_items].tolist(), "harvest items")
-        batch = driver.run(chosen, group_size=1, seed=self.seed + tick, positions=positions)
+        batch = driver.run(chosen, group_size=1, seed=self.seed + tick, positions=positions, old_logprobs=False)
         env = driver.scorer.unwrapped
         # every rank holds the global list in global order, so the items split as a dataset's do
         mine = [(p, env.harvest([episode])) for p, episode in zip(positions, batch.episodes)]

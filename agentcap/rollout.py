@@ -35,7 +35,7 @@ class Span:
     observation: dict[str, Any]
     text: str
     completion_ids: torch.Tensor  # [T]
-    old_logprobs: torch.Tensor  # [T]
+    old_logprobs: torch.Tensor | None  # [T]; None until the update needs them (agentcap.old_policy)
     sampler_logprobs: torch.Tensor | None = None  # [T], the sampler's (vLLM) own; off-policy correction
     utility: float | None = None
     advantage: float = 0.0
@@ -105,6 +105,7 @@ class RolloutDriver:
         items: Sequence[dict[str, Any]] | None = None,
         sample_agents: set[str] | None = None,
         positions: Sequence[int] | None = None,
+        old_logprobs: bool = True,
     ) -> RolloutBatch:
         """Roll out every item ``group_size`` times; ``items`` replaces dataset indices (inference).
 
@@ -112,7 +113,8 @@ class RolloutDriver:
         so a frozen role answers the same state the same way in every rollout of a group.
         ``positions`` are the items' places in the global batch (default 0, 1, …): with ``seed``,
         trajectory ``positions[i] * group_size + g`` samples from its own seed at every turn, so any
-        split of a global batch over processes rolls out the same trajectories.
+        split of a global batch over processes rolls out the same trajectories. Without
+        ``old_logprobs`` the spans carry none (GRPO computes them only when off-policy).
         """
         keys = list(items) if items is not None else list(indices or [])
         n = len(keys) * group_size
@@ -143,9 +145,10 @@ class RolloutDriver:
                 agent = self._agent(name)
                 samples = not greedy and (sample_agents is None or name in sample_agents)
                 seeds = None if seed is None else [trajectory_seed(seed, ids[t], turns[t]) for t in trajectories]
+                extra = {} if old_logprobs else {"old_logprobs": False}  # agents without the option still work
                 generations = agent.generate(
                     [observations[t] for t in trajectories], greedy=not samples, batch_size=self.generation_batch_size,
-                    seeds=seeds,
+                    seeds=seeds, **extra,
                 ) if trajectories else []
                 for _ in range(stand_in_calls):  # discarded: keeps this process in step with the others
                     agent.generate([stand_in], greedy=True, batch_size=1)

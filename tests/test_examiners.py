@@ -177,6 +177,8 @@ def test_llm_examiner_batched_equals_one_by_one(tiny, arch, chat):
     examiner = LLMExaminer(model, tokenizer, batch_size=5)
     captions, questions = _pairs()
     batched = examiner.letter_logits(captions, questions)
+    per_question = LLMExaminer(model, tokenizer, batch_size=5, share_prefix=False).letter_logits(captions, questions)
+    torch.testing.assert_close(batched, per_question, atol=1e-5, rtol=1e-5)  # prefix tree = full prompts
     single = torch.cat([examiner.letter_logits([c], [x]) for c, x in zip(captions, questions)])
     torch.testing.assert_close(batched, single, atol=1e-5, rtol=1e-5)
     assert examiner.answer(captions, questions) == [
@@ -187,7 +189,7 @@ def test_llm_examiner_batched_equals_one_by_one(tiny, arch, chat):
 
 def test_llm_examiner_dedupes_and_runs_one_pass_per_batch(tiny):
     model, tokenizer = tiny
-    examiner = LLMExaminer(model, tokenizer, batch_size=2)
+    examiner = LLMExaminer(model, tokenizer, batch_size=2, share_prefix=False)
     rows = []
     original = model.forward
 
@@ -205,6 +207,34 @@ def test_llm_examiner_dedupes_and_runs_one_pass_per_batch(tiny):
     assert rows == [2, 1]  # 3 distinct pairs of 5, batches of at most 2, one forward pass each
     assert letters[0] == letters[1] and letters[2] == letters[4]
     assert all(letter in "ABCDE" for letter in letters)
+
+
+def test_shared_prefix_reads_the_instruction_once_and_each_caption_once(tiny):
+    """Many questions per caption: the caption's tokens are fed once, the instruction once in all."""
+    model, tokenizer = tiny
+    passes: list[tuple[int, int]] = []
+    original = model.forward
+
+    def counting_forward(*args, **kwargs):
+        passes.append(tuple(kwargs["input_ids"].shape))
+        return original(*args, **kwargs)
+
+    captions, questions = _pairs()
+    distinct = [c for c in dict.fromkeys(captions)]
+    model.forward = counting_forward
+    try:
+        shared = LLMExaminer(model, tokenizer, batch_size=64).letter_logits(captions, questions)
+        tree = list(passes)
+        passes.clear()
+        full = LLMExaminer(model, tokenizer, batch_size=64, share_prefix=False).letter_logits(captions, questions)
+    finally:
+        del model.forward
+    torch.testing.assert_close(shared, full, atol=1e-5, rtol=1e-5)
+    assert tree[0][0] == 1  # the common head (template + instruction): one row
+    assert tree[1][0] == len(distinct)  # one row per distinct caption
+    assert tree[2][0] == len(captions)  # then one row per question, its own tokens only
+    fed = sum(b * t for b, t in tree)
+    assert fed < 0.6 * sum(b * t for b, t in passes)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -318,7 +348,9 @@ def test_bench_examiner_runs_on_a_tiny_model(tiny, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("bench_examiner", Path(__file__).parents[1] / "tools" / "bench_examiner.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    bench.main(["--model", str(tmp_path / "tiny"), "--questions", "6", "--gen-tokens", "2", "--rouge-pairs", "20"])
+    bench.main(["--model", str(tmp_path / "tiny"), "--questions", "6", "--gen-tokens", "2", "--rouge-pairs", "20",
+                "--repeats", "1"])
     out = capsys.readouterr().out
-    assert "letter logits, 1 pass per batch" in out and "free generation (2 new tokens)" in out
+    assert "letter logits, shared prefixes" in out and "free generation (2 new tokens)" in out
+    assert "same letters as per-prompt: yes" in out
     assert "scores identical: True" in out

@@ -366,3 +366,22 @@ def test_reward_metric_syncs_mean_across_two_processes(tmp_path):
         fmt_mean, length_mean = map(float, (tmp_path / f"rank{rank}.txt").read_text().split())
         assert math.isclose(fmt_mean, 4 / 5)  # (1 + 3) / (2 + 3), not the mean of rank means
         assert math.isclose(length_mean, 4 / 5)
+
+
+def test_rust_rouge_is_the_backend_and_scores_identically_to_rouge_score():
+    """rouge-score-rs (pinned, installed by tools/setup.sh) gives bit-identical F1s on varied text."""
+    pytest.importorskip("rouge_score_rs")
+    import random
+
+    from agentcap.rewards.functional.read import read_rouge_scorer
+
+    assert type(read_rouge_scorer()).__module__.startswith("rouge_score_rs")
+    reference = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=False)
+    rng = random.Random(0)
+    words = "a the man woman opens opened door red cup Anna's café naïve 42 3.5 -- runs RUNS !".split()
+    golds = [" ".join(rng.choices(words, k=rng.randint(1, 14))) for _ in range(300)]
+    answers = [" ".join(rng.choices(words, k=rng.randint(1, 14))) for _ in range(300)]
+    got = accuracy_reward([wrap(a) for a in answers], golds)
+    for value, gold, answer in zip(got.tolist(), golds, answers):
+        s = reference.score(gold, answer)
+        assert value == (s["rouge1"].fmeasure + s["rouge2"].fmeasure + s["rougeL"].fmeasure) / 3

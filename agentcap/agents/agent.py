@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from agentcap.agents.backends import VLLMOptions, build_backend
 from agentcap.agents.families import FAMILIES, Family, Observation
+from agentcap.agents.logprobs import chosen_logprobs, head_removed, logits_logprobs, plain_head
 from agentcap.agents.tiny import CAUSAL_KINDS, build_tiny
 
 
@@ -73,12 +73,13 @@ class AgentConfig:
 
 @dataclass
 class Generation:
-    """One sampled action: its text, token ids, the learner's log-probs of them (old policy) and
-    the sampler's own (equal to the learner's under the HF backend)."""
+    """One sampled action: its text, token ids, the learner's log-probs of them (old policy; ``None``
+    when not asked for: the update takes them from its own first forward, ``agentcap.old_policy``)
+    and the sampler's own (a vLLM backend's; ``None`` under HF, where sampler = learner)."""
 
     text: str
     completion_ids: torch.Tensor  # [T]
-    old_logprobs: torch.Tensor  # [T]
+    old_logprobs: torch.Tensor | None  # [T]
     sampler_logprobs: torch.Tensor | None = None  # [T]
 
 
@@ -152,8 +153,11 @@ class Agent(nn.Module):
         greedy: bool = False,
         batch_size: int = 64,
         seeds: Sequence[int] | None = None,
+        old_logprobs: bool = True,
     ) -> list[Generation]:
-        """One batched sampling call per ``batch_size`` observations; returns texts, ids, log-probs.
+        """One batched sampling call per ``batch_size`` observations; returns texts, ids and, with
+        ``old_logprobs``, the learner's log-probs (one more forward: GRPO skips it, see
+        ``agentcap.old_policy``).
 
         With ``seeds`` (one per observation) each row samples from its own generator
         (:class:`~agentcap.agents.sampling.RowSampler`), so a row's tokens do not depend on the
@@ -166,12 +170,12 @@ class Agent(nn.Module):
             row_seeds = None if seeds is None else seeds[start : start + batch_size]
             sampled = self.backend.sample(chunk, inputs, greedy, row_seeds)
             completion, mask = pad_right([x.completion_ids for x in sampled], self.tokenizer.pad_token_id, self.family.device)
-            logprobs = self.completion_logprobs(inputs, completion, mask)  # the learner's, at sampling time
+            logprobs = self.completion_logprobs(inputs, completion, mask) if old_logprobs else None
             for i, x in enumerate(sampled):
                 n = int(mask[i].sum())
                 ids = completion[i, :n]
                 text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
-                old = logprobs[i, :n].cpu()
+                old = None if logprobs is None else logprobs[i, :n].cpu()
                 results.append(Generation(
                     text=text, completion_ids=ids.cpu(), old_logprobs=old,
                     sampler_logprobs=old if x.sampler_logprobs is None else x.sampler_logprobs,
@@ -194,13 +198,23 @@ class Agent(nn.Module):
         With ``with_entropy`` also returns the per-token entropy of the same distribution.
         """
         temperature = self.temperature if temperature is None else temperature
-        logits = self.family.logits(inputs, completion, mask).float() / temperature
-        logp_all = F.log_softmax(logits, dim=-1)  # [N, T, V]
-        logprobs = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1) * mask
+        model = self.family.model  # the live policy, or a KL reference swapped in (agents.reference)
+        head = plain_head(model)
+        if head is None:
+            logits = self.family.logits(inputs, completion, mask).float() / temperature
+            logprobs, entropy = logits_logprobs(logits, completion, with_entropy)
+            logprobs = logprobs * mask
+            return (logprobs, entropy * mask) if with_entropy else logprobs
+        # the head applied chunk-wise to the completion tokens only: no [N, T, V] tensor survives
+        path, linear = head
+        with head_removed(model, path):
+            hidden = self.family.logits(inputs, completion, mask)  # [N, T, H]
+        keep = mask.bool()
+        chosen, entropy_kept = chosen_logprobs(hidden[keep], linear.weight, completion[keep], temperature)
+        logprobs = chosen.new_zeros(completion.shape).masked_scatter(keep, chosen)
         if not with_entropy:
             return logprobs
-        entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
-        return logprobs, entropy
+        return logprobs, entropy_kept.new_zeros(completion.shape).masked_scatter(keep, entropy_kept)
 
     def encode(self, observations: Sequence[Observation]) -> dict[str, Any]:
         return self.family.encode(list(observations))

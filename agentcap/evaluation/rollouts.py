@@ -51,7 +51,9 @@ def evaluate_rollouts(
     calls = most(-(-len(mine) // chunk))  # as many rollout calls on every rank (sharded agents step together)
     for start in range(0, calls * chunk, chunk):
         part = mine[start : start + chunk]
-        batch = driver.run(part, group_size=1, greedy=greedy, seed=seed, positions=positions[start : start + chunk])
+        batch = driver.run(
+            part, group_size=1, greedy=greedy, seed=seed, positions=positions[start : start + chunk], old_logprobs=False
+        )
         for index, episode, score in zip(part, batch.episodes, batch.scores):
             if captioning is not None or captions is not None:
                 rows.append(caption_row(env, episode, score))

@@ -28,6 +28,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 from agentcap.data import ManifestError
+from agentcap.judges.prefix import PrefixReader
 
 LETTERS = ("A", "B", "C", "D", "E")
 GOLD_LETTERS = LETTERS[:4]
@@ -348,7 +349,9 @@ class LLMExaminer(CausalLMJudge):
 
     ``readout="letters"`` (default; the paper's judge) — an instruction, the caption and the
     lettered options; the answer is the argmax of the next-token logits restricted to the ids of
-    A–E, one forward pass per batch of prompts. Tokenizers differ on whether the answer is "A" or
+    A–E. The prompts are read as a prefix tree (:mod:`agentcap.judges.prefix`): the shared
+    instruction once, each distinct caption once, then only each question's own tokens on top of
+    its caption's KV cache (``share_prefix=False``: one full pass per prompt). Tokenizers differ on whether the answer is "A" or
     " A" (chat templates end in "\n" or a space, a plain prompt in "Answer:"); the ids used are
     those the tokenizer produces for the letter appended to a real prompt — the first token after
     the prompt's own ids — trying no gap first after whitespace and one space first otherwise, and
@@ -372,8 +375,10 @@ class LLMExaminer(CausalLMJudge):
         batch_size: int = 32,
         readout: Literal["letters", "options"] = "letters",
         margin: float = 2.0,
+        share_prefix: bool = True,
     ):
         super().__init__(model, tokenizer, batch_size)
+        self.share_prefix = share_prefix
         if readout not in ("letters", "options"):
             raise ValueError(f"readout must be 'letters' or 'options', got {readout!r}")
         self.readout = readout
@@ -441,6 +446,10 @@ class LLMExaminer(CausalLMJudge):
             self.letter_ids = self.find_letter_ids(prompts[0])
         letter_ids = torch.tensor(self.letter_ids, device=self.device)
         ids = self.encode(prompts)
+        if self.share_prefix:  # each caption (and the instruction) read once for all its questions
+            reader = PrefixReader(self.model, self.pad_id, self.batch_size)
+            captions_of = _unique([key[0] for key in distinct])[1]
+            return reader.last_logits(ids, captions_of, self.letter_ids)[torch.tensor(inverse)]
         scores = torch.empty((len(distinct), 5), dtype=torch.float32)
         for group in self.batches(ids):  # one forward pass per batch
             batch = self.batch_tensors([ids[i] for i in group])

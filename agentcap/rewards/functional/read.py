@@ -6,9 +6,11 @@ delegate to them for the synced means that get logged.
 
 Choices the paper leaves open, made here:
 
-- ROUGE (Eq. 3) is the ``rouge_score`` package with ``use_stemmer=False``: its default, what the
+- ROUGE (Eq. 3) is ``rouge_score``'s definition with ``use_stemmer=False``: its default, what the
   ``rouge_score``-based GRPO reward of Feng et al. uses, and stemming would reward a wrong verb form
   ("opens" vs "opened") that AD references care about. F1 (``fmeasure``) of ROUGE-1/2/L is averaged.
+  The scorer is ``rouge-score-rs`` (a Rust reimplementation, identical scores, tens of times faster,
+  batched) where it is installed, else ``rouge_score`` itself; the tests compare the two.
 - The AD is the text of the *last* ``<answer>…</answer>`` block; a response without one, or with an
   empty one, earns 0 accuracy and 0 length reward (an empty description is never length-compatible).
 - Eq. 5 gates on ``R_acc >= tau`` (the equation's ``≥``; the prose says "exceeds").
@@ -45,8 +47,13 @@ def extract_answer(response: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def read_rouge_scorer() -> rouge_scorer.RougeScorer:
-    """The ROUGE-1/2/L scorer of Eq. 3, built once (tokenisation is lower-cased, no stemming)."""
-    return rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=False)
+    """The ROUGE-1/2/L scorer of Eq. 3, built once (tokenisation is lower-cased, no stemming):
+    ``rouge-score-rs``'s where it installs, else ``rouge_score``'s."""
+    try:
+        from rouge_score_rs import rouge_scorer as fast
+    except ImportError:
+        return rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=False)
+    return fast.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=False)
 
 
 def _check_pairs(responses: Sequence[str], references: Sequence[str]) -> None:
@@ -67,14 +74,16 @@ def accuracy_reward(
     """R_acc (Eq. 3): mean of ROUGE-1, ROUGE-2 and ROUGE-L F1 between the answer and the gold AD. [N]"""
     _check_pairs(responses, references)
     scorer = scorer or read_rouge_scorer()
-    values = []
-    for response, reference in zip(responses, references):
-        answer = extract_answer(response)
-        if not answer:
-            values.append(0.0)
-            continue
-        scores = scorer.score(reference, answer)  # rouge_score's order: (target, prediction)
-        values.append((scores["rouge1"].fmeasure + scores["rouge2"].fmeasure + scores["rougeL"].fmeasure) / 3)
+    values = [0.0] * len(responses)
+    answers = [extract_answer(r) for r in responses]
+    scored = [i for i, a in enumerate(answers) if a]
+    pairs = [references[i] for i in scored], [answers[i] for i in scored]  # rouge_score's order: (target, prediction)
+    if hasattr(scorer, "score_batch"):
+        results = scorer.score_batch(*pairs)
+    else:
+        results = [scorer.score(t, p) for t, p in zip(*pairs)]
+    for i, scores in zip(scored, results):
+        values[i] = (scores["rouge1"].fmeasure + scores["rouge2"].fmeasure + scores["rougeL"].fmeasure) / 3
     return torch.tensor(values, dtype=torch.float64)
 
 
