@@ -9,6 +9,8 @@ and kernel choice).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from agentcap.agents.adapters import Adapters, LoraSpec, attach_adapter
 from agentcap.agents.families import FAMILIES, Family, Observation
 from agentcap.agents.tiny import CAUSAL_KINDS, build_tiny
 
@@ -37,9 +40,16 @@ class AgentConfig:
         temperature: sampling temperature; log-probs are taken at the same temperature.
         top_p: nucleus sampling mass.
         lr: learning rate of this agent's optimiser, when it trains.
-        dtype: parameter dtype.
+        dtype: parameter dtype. A trained agent keeps float32 parameters (master weights; use
+            ``--trainer.precision bf16-mixed`` for bf16 compute); bf16 suits frozen agents and
+            the base under an adapter.
         gguf_file: file name inside ``model`` for GGUF checkpoints.
         trust_remote_code: off unless you trust the model folder's code.
+        peft: train a LoRA adapter (rank, alpha, target modules) instead of the weights.
+        share_base_with: another role whose base model this one shares, one adapter each (both
+            need ``peft``); this role then names no model of its own, or the same one.
+        gradient_checkpointing: recompute each layer's activations in the backward pass (less
+            memory, about one more forward); dropout stays off.
     """
 
     model: str | None = None
@@ -55,6 +65,9 @@ class AgentConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gguf_file: str | None = None
     trust_remote_code: bool = False
+    peft: LoraSpec | None = None
+    share_base_with: str | None = None
+    gradient_checkpointing: bool = False
 
 
 @dataclass
@@ -80,6 +93,7 @@ class Agent(nn.Module):
         temperature: float = 1.0,
         top_p: float = 1.0,
         lr: float = 1e-5,
+        adapters: Adapters | None = None,
     ):
         super().__init__()
         self.name = name
@@ -92,16 +106,32 @@ class Agent(nn.Module):
         self.top_p = top_p
         self.lr = lr
         self.trainable = False
+        self.adapters = adapters  # LoRA: only the adapter trains, the checkpoint holds only it
         # parameters the model itself keeps fixed (e.g. sinusoidal audio positions) stay fixed
         self._always_frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+        if adapters is not None:
+            adapters.install_state_hooks(self)
         self.set_trainable(False)
 
     def set_trainable(self, trainable: bool) -> None:
-        """Frozen agents have no grad, so they carry no optimiser state."""
+        """Frozen agents have no grad, so they carry no optimiser state; an adapter agent trains
+        its adapter only."""
         self.trainable = trainable
-        for name, param in self.model.named_parameters():
-            param.requires_grad_(trainable and name not in self._always_frozen)
+        if self.adapters is not None:
+            self.adapters.set_trainable(trainable)
+        else:
+            for name, param in self.model.named_parameters():
+                param.requires_grad_(trainable and name not in self._always_frozen)
         self.model.eval()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """This agent's parameters with gradients (a shared base also lists other roles' adapters)."""
+        own = self.adapters.own_parameters() if self.adapters is not None else self.model.parameters()
+        return [p for p in own if p.requires_grad]
+
+    def active(self):
+        """The context every forward of this agent runs in: its own adapter on a shared base."""
+        return self.adapters.active() if self.adapters is not None else contextlib.nullcontext()
 
     def train(self, mode: bool = True):
         """Always eval mode: with dropout on, the sampler and the learner would see different
@@ -124,6 +154,10 @@ class Agent(nn.Module):
         self, observations: Sequence[Observation], greedy: bool = False, batch_size: int = 64
     ) -> list[Generation]:
         """One batched sampling call per ``batch_size`` observations; returns texts, ids, log-probs."""
+        with self.active():
+            return self._generate(observations, greedy, batch_size)
+
+    def _generate(self, observations: Sequence[Observation], greedy: bool, batch_size: int) -> list[Generation]:
         results: list[Generation] = []
         for start in range(0, len(observations), batch_size):
             chunk = list(observations[start : start + batch_size])
@@ -162,7 +196,8 @@ class Agent(nn.Module):
         With ``with_entropy`` also returns the per-token entropy of the same distribution.
         """
         temperature = self.temperature if temperature is None else temperature
-        logits = self.family.logits(inputs, completion, mask).float() / temperature
+        with self.active():
+            logits = self.family.logits(inputs, completion, mask).float() / temperature
         logp_all = F.log_softmax(logits, dim=-1)  # [N, T, V]
         logprobs = logp_all.gather(-1, completion.unsqueeze(-1)).squeeze(-1) * mask
         if not with_entropy:
@@ -270,6 +305,10 @@ def build_agent(
     model = model.to(dtype)
     if tokenizer is None:
         raise ValueError(f"agents.{name}: no tokenizer (set tokenizer, model or build_tokenizer_from)")
+    if config.gradient_checkpointing:
+        from agentcap.agents.checkpointing import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(model, name)
     return Agent(
         name,
         model,
@@ -280,7 +319,53 @@ def build_agent(
         temperature=config.temperature,
         top_p=config.top_p,
         lr=config.lr,
+        adapters=None if config.peft is None else attach_adapter(model, name, config.peft),
     )
+
+
+def build_agents(configs: dict[str, AgentConfig], extra_texts: Sequence[str] = ()) -> dict[str, Agent]:
+    """Every configured agent, in config order; a ``share_base_with`` role reuses that role's model."""
+    built: dict[str, Agent] = {}
+    for name, config in configs.items():
+        if config.share_base_with is None:
+            built[name] = build_agent(name, config, extra_texts)
+    for name, config in configs.items():
+        if config.share_base_with is not None:
+            built[name] = _share_base(name, config, configs, built)
+    return {name: built[name] for name in configs}
+
+
+def _share_base(name: str, config: AgentConfig, configs: dict[str, AgentConfig], built: dict[str, Agent]) -> Agent:
+    """A role with its own adapter on another role's (frozen, shared) base model."""
+    owner = config.share_base_with
+    where = f"agents.{name}.share_base_with"
+    if owner not in built:
+        known = sorted(n for n, c in configs.items() if c.share_base_with is None)
+        raise ValueError(f"{where}: {owner!r} is not a role with a model of its own (one of {known})")
+    base = built[owner]
+    if config.peft is None or base.adapters is None:
+        raise ValueError(f"{where}: both {name!r} and {owner!r} need a `peft` adapter to share a base")
+    mine, theirs = (config.model, config.toy, config.tiny), (configs[owner].model, configs[owner].toy, configs[owner].tiny)
+    if any(x is not None for x in mine) and mine != theirs:
+        raise ValueError(f"{where}: {name!r} names another model than {owner!r}; give none, or the same one")
+    if config.gradient_checkpointing:
+        from agentcap.agents.checkpointing import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(base.model, name)
+    agent = Agent(
+        name,
+        base.model,
+        base.tokenizer,
+        family=base.family.name,
+        processor=base.processor,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        lr=config.lr,
+        adapters=attach_adapter(base.model, name, config.peft, share=base.adapters),
+    )
+    agent.family = copy.copy(base.family)  # keeps family settings (frames_as…) of the same model
+    return agent
 
 
 def _load_tokenizer(name: str, config: AgentConfig, extra_texts: Sequence[str] = ()):
