@@ -10,9 +10,8 @@ of its weights (``agents.<role>.peft``). What this room guarantees:
 2. Roles on the same base (``share_base_with``) hold *one* model in memory, each with its adapter
    (named after the role). Before an agent generates or is scored, its adapter is made the active
    one (:meth:`Adapters.active`), so a frozen role acts with its own adapter while another trains.
-3. The KL reference of an adapter agent is the same model with adapters disabled (peft's
-   ``disable_adapter``): the base, not a copy. Departure: for a stage after SFT that is the base
-   *before* SFT, where a full fine-tune's reference is the policy at the start of the stage.
+3. The KL reference of an adapter agent is the same model with adapters disabled
+   (:meth:`Adapters.disabled`, peft's ``disable_adapter``; ``agents.reference``), not a copy.
 4. Checkpoints hold adapters, not the base: the agent's state dict keeps only its own adapter
    tensors plus a fingerprint of the base; loading fills the base keys with the live weights and
    refuses a base whose fingerprint differs (another model folder, another random init).
@@ -21,11 +20,8 @@ of its weights (``agents.<role>.peft``). What this room guarantees:
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 import torch.nn as nn
 
@@ -180,49 +176,3 @@ def attach_adapter(model: nn.Module, name: str, spec: LoraSpec, share: Adapters 
             share.peft_model.add_adapter(name, config)
         return Adapters(share.peft_model, name)
     return Adapters(get_peft_model(model, config, adapter_name=name), name)  # freezes the base
-
-
-# --- the KL reference -------------------------------------------------------------------------
-class FrozenCopy:
-    """A full fine-tune's reference: a frozen copy of the policy when its stage begins."""
-
-    def __init__(self, agent):
-        self.model = copy.deepcopy(agent.model).eval().requires_grad_(False)
-
-    @torch.no_grad()
-    def logprobs(self, agent, inputs: dict[str, Any], completion: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        live = agent.family.model
-        agent.family.model = self.model
-        try:
-            return agent.completion_logprobs(inputs, completion, mask)
-        finally:
-            agent.family.model = live
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.model.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state)
-
-
-class AdaptersDisabled:
-    """An adapter agent's reference: its own model with every adapter switched off (no copy)."""
-
-    def __init__(self, agent):
-        self.adapters: Adapters = agent.adapters
-
-    @torch.no_grad()
-    def logprobs(self, agent, inputs: dict[str, Any], completion: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        with self.adapters.disabled():
-            return agent.completion_logprobs(inputs, completion, mask)
-
-    def state_dict(self) -> None:
-        return None  # the base is rebuilt from the config
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
-
-
-def kl_reference(agent) -> FrozenCopy | AdaptersDisabled:
-    """The frozen policy the KL term pulls towards (see module docstring, item 3)."""
-    return AdaptersDisabled(agent) if agent.adapters is not None else FrozenCopy(agent)
