@@ -1,4 +1,4 @@
-"""The ``agentcap`` command: LightningCLI's fit / validate / test / predict, plus ``envs`` and ``caption``.
+"""The ``agentcap`` command: LightningCLI's fit / validate / test / predict, plus ``envs``, ``caption`` and ``export``.
 
 ``fit`` resumes from ``<run_dir>/checkpoints/last.ckpt`` when it exists, so re-running a killed
 command continues at the same stage and step. Unknown keys and wrong types are refused by
@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> None:
         from agentcap.inference import caption_command
 
         raise SystemExit(caption_command(argv[1:]))
+    if argv and argv[0] == "export":
+        from agentcap.export import export_command
+
+        raise SystemExit(export_command(argv[1:]))
     try:
         AgentcapCLI(GRPOModule, datamodule_class=None, args=argv, save_config_kwargs={"overwrite": True})
     except MissingWeightsError as err:
