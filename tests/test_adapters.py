@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentcap.agents.adapters import AdaptersDisabled, LoraSpec, kl_reference
+from agentcap.agents.adapters import LoraSpec
+from agentcap.agents.reference import AdaptersDisabled, kl_reference
 from agentcap.agents.agent import AgentConfig, build_agent, build_agents, pad_right
 from agentcap.algorithms.grpo import clipped_objective
 
@@ -105,13 +106,13 @@ def test_kl_reference_is_the_base_with_adapters_disabled_not_a_copy():
     agent.set_trainable(True)
     train(agent)
     reference = kl_reference(agent)
-    assert isinstance(reference, AdaptersDisabled) and reference.state_dict() is None
+    assert isinstance(reference, AdaptersDisabled) and reference.model is None  # nothing copied
     obs = observations(3, "policy")
     gens = [g.completion_ids for g in agent.generate(obs)]
     completion, mask = pad_right(gens, agent.tokenizer.pad_token_id)
     inputs = agent.encode(obs)
     flags = [p.requires_grad for p in agent.model.parameters()]
-    ref = reference.logprobs(agent, inputs, completion, mask)
+    ref = reference.completion_logprobs(agent, inputs, completion, mask)
     assert [p.requires_grad for p in agent.model.parameters()] == flags  # peft's toggling undone
     with torch.no_grad():
         torch.testing.assert_close(ref, plain.completion_logprobs(inputs, completion, mask))

@@ -40,7 +40,7 @@ def test_micro_batches_1x8_equal_8x1_in_loss_grads_and_weights(tmp_path, toy_mov
     module._begin_stage(grpo)
     agent = module.agents["policy"]
     torch.manual_seed(0)
-    batch = module.driver("train", module.schedule.stages[grpo]).run([0, 1], 4, seed=0, sample_agents={"policy"})
+    batch = module.splits.driver("train", module.schedule.stages[grpo]).run([0, 1], 4, seed=0, sample_agents={"policy"})
     spans = batch.spans_of("policy")
     assert len(spans) == 8
     for i, span in enumerate(spans):
