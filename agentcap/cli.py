@@ -1,5 +1,5 @@
 """The ``agentcap`` command: LightningCLI's fit / validate / test / predict, plus the commands of
-:data:`COMMANDS` (``envs``, ``caption``, ``evaluate``, ``plan``, …), each with its own argparse parser.
+:data:`COMMANDS` (``envs``, ``caption``, ``evaluate``, ``export``, ``plan``), each with its own argparse parser.
 
 ``fit`` resumes from the run's newest readable checkpoint (``<run_dir>/checkpoints``), so re-running
 a killed command continues at the same stage and step; a run directory whose saved ``config.yaml``
@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "caption": ("agentcap.inference:caption_command", "Caption clips or audio files with a trained system."),
     "evaluate": ("agentcap.evaluation.command:evaluate_command",
                  "The papers' metrics (BLEU, METEOR, ROUGE-L, CIDEr, R@k/N, …) for a run or predictions."),
+    "export": ("agentcap.export:export_command", "Write each trained agent as a save_pretrained folder."),
     "plan": ("agentcap.plan:plan_command", "Memory per rank and stage of a config, from config.json files alone."),
 }
 

@@ -48,6 +48,11 @@ def load_module(config: str, checkpoint: str | None):
     # only the model section matters here; a run's saved config.yaml (all of LightningCLI's keys) works too
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(GRPOModule, "model")
+    seed = document.get("seed_everything")
+    if isinstance(seed, int) and not isinstance(seed, bool):  # random-init bases (toy, tiny) as in training
+        from lightning import seed_everything
+
+        seed_everything(seed, verbose=False)
     init = parser.instantiate_classes(parser.parse_object({"model": document["model"]}))
     module: GRPOModule = init.model
     if checkpoint is not None:

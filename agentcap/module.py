@@ -18,8 +18,11 @@ Implementation details:
    (``GRPODDPStrategy`` does not wrap the module in DDP, whose reducer cannot follow the trainable
    agent changing between stages); under ``grpo_fsdp`` every agent is sharded on its own
    (``agentcap.sharding``) and FSDP2 sums the gradients in backward.
-4. A stage's KL reference is a frozen copy of the trainable agent taken when the stage begins;
-   β = 0 skips it entirely.
+4. A stage's KL reference is a frozen copy of the trainable agent taken when the stage begins,
+   or for a LoRA agent the same model with its adapters disabled; β = 0 skips it entirely.
+5. Memory and precision (``optim``, ``agents.adapters``): a per-stage lr schedule, micro-batches
+   that add up to one optimiser step, fp32 trained parameters (bf16 compute comes from
+   Lightning's ``bf16-mixed`` autocast, which wraps every training step: rollout and update).
 
 The rooms it calls: ``splits`` (environments, drivers, item order), ``replay`` (harvested
 Instruct items), ``optim`` (the trainable agent's optimiser), ``agents.reference`` (π_ref),
@@ -41,16 +44,16 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from agentcap import distributed
-from agentcap.agents.agent import Agent, AgentConfig, build_agent, pad_right
-from agentcap.agents.reference import Reference
+from agentcap.agents.agent import Agent, AgentConfig, build_agents, pad_right
+from agentcap.agents.reference import kl_reference
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.algorithms.loop import normalize_by_type
 from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weights
 from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
 from agentcap.logs import StepClock, emit, rollout_metrics, sample_rows
-from agentcap.optim import build_optimizer, optimizer_step
 from agentcap.old_policy import fill_old_logprobs, old_or_current
+from agentcap.optim import build_optimizer, build_scheduler, check_trainable_precision, micro_batches, optimizer_step
 from agentcap.replay import Replay
 from agentcap.resume import ResumeHooks
 from agentcap.rollout import Span
@@ -84,6 +87,8 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         group_size: G, rollouts per item.
         rollout_batch_size: trajectories per GRPO step over all ranks (B × G).
         minibatch_size: spans per optimiser step, over all ranks.
+        micro_batch_size: spans (SFT: demonstrations) per forward/backward pass; their gradients
+            add up to the same optimiser step (None: the whole minibatch in one pass).
         ppo_epochs: passes over each rollout batch.
         clip_eps: ε of the clipped ratio (lower side; also the upper side unless clip_eps_high).
         clip_eps_high: upper clip ε, for asymmetric clipping.
@@ -116,6 +121,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         group_size: int = 4,
         rollout_batch_size: int = 16,
         minibatch_size: int = 16,
+        micro_batch_size: int | None = None,
         ppo_epochs: int = 1,
         clip_eps: float = 0.2,
         clip_eps_high: float | None = None,
@@ -139,16 +145,20 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             raise ValueError(
                 f"--model.group_size ({group_size}) must divide --model.rollout_batch_size ({rollout_batch_size})"
             )
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"--model.micro_batch_size must be ≥ 1, got {micro_batch_size}")
         self.automatic_optimization = False
         self.env_spec = env
         texts = env.texts() if any(cfg.build_tokenizer_from for cfg in agents.values()) else []
         vocabulary = lambda name: os.path.join(run_dir, "tokenizers", f"{name}.json")  # noqa: E731  (kept by the run)
-        self.agents = torch.nn.ModuleDict(
-            {name: build_agent(name, cfg, texts, vocabulary=vocabulary(name)) for name, cfg in agents.items()}
-        )
+        self.agents = torch.nn.ModuleDict(build_agents(agents, texts, vocabulary))
         self.schedule = Schedule(stages, list(agents))
+        check_trainable_precision(agents, stages)
+        texts = env.texts() if any(cfg.build_tokenizer_from for cfg in agents.values()) else []
+        self.agents = torch.nn.ModuleDict(build_agents(agents, texts))
         self.group_size, self.rollout_batch_size = group_size, rollout_batch_size
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
+        self.micro_batch_size = micro_batch_size
         self.clip_eps, self.clip_eps_high, self.beta, self.eps_norm = clip_eps, clip_eps_high, beta, eps_norm
         self.advantage_std, self.loss_aggregation = advantage_std, loss_aggregation
         self.sft_batch_size, self.max_grad_norm, self.weight_decay = sft_batch_size, max_grad_norm, weight_decay
@@ -162,7 +172,8 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         self.replay = Replay(self.splits, seed)
         self._stage_index: int | None = None
         self._optimizer: torch.optim.Optimizer | None = None
-        self._reference: Reference | None = None
+        self._scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self._reference: Any = None
 
     # --- Lightning plumbing -------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -198,6 +209,8 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             self.sft_step(stage, step)
         else:
             self.grpo_step(stage, step)
+        if self._scheduler is not None:
+            self._scheduler.step()  # one lr per stage step (see agentcap.optim)
         self.tick += 1
         if self.tick >= self.schedule.total:
             self.trainer.should_stop = True
@@ -208,21 +221,24 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             agent.set_trainable(agent.name == stage.agent and stage.kind != "evaluate")
         trainable = [a for a in self.agents.values() if a.trainable]
         assert len(trainable) <= 1, "exactly one agent may train at a time"
-        self._optimizer, self._reference = None, None
+        self._optimizer, self._scheduler, self._reference = None, None, None
         if trainable:
             agent = trainable[0]
             lr = stage.lr if stage.lr is not None else agent.lr
             self._optimizer = build_optimizer(agent, lr, self.weight_decay)
+            self._scheduler = build_scheduler(self._optimizer, stage)
             if stage.kind == "grpo" and self.beta > 0:
-                self._reference = Reference(agent)
+                self._reference = kl_reference(agent)
         restored = self.restored_for(index)
         if restored is not None:
             if self._optimizer is not None and restored.get("optimizer"):
                 load_optimizer_state(trainable[0], self._optimizer, restored["optimizer"])
+            if self._scheduler is not None and restored.get("scheduler"):
+                self._scheduler.load_state_dict(restored["scheduler"])
             if self._reference is not None and restored.get("reference"):
                 self._reference.model.load_state_dict(restored["reference"])
         self._stage_index = index
-        with_grad = {a.name for a in self.agents.values() if any(p.requires_grad for p in a.parameters())}
+        with_grad = {a.name for a in self.agents.values() if a.trainable_parameters()}
         assert len(with_grad) <= 1, f"several agents have gradients: {sorted(with_grad)}"
         if stage.harvest is not None:
             saved = None if restored is None else restored.get("replay")
@@ -291,32 +307,43 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         assert self._optimizer is not None
         local = float(sum(r.completion_ids.numel() for r in rows)) if self.loss_aggregation == "token" else float(len(rows))
         norm = distributed.global_sums([local], self.device)[0]
-        stats: dict[str, float] = {}
+        stats: dict[str, float] = defaultdict(float)
         scale = 1.0
         if not rows and not needs_gradient_all_reduce(agent) and distributed.world()[1] > 1:
             rows, scale = list(stand_in), 0.0  # sharded: forward and backward are collectives, run them on nothing
-        if rows:
-            inputs = agent.encode([r.observation for r in rows])
-            pad = agent.tokenizer.pad_token_id
-            completion, mask = pad_right([r.completion_ids for r in rows], pad, self.device)
-            advantages = torch.tensor([r.advantage for r in rows], device=self.device)
-            logprobs, entropy = agent.completion_logprobs(inputs, completion, mask, with_entropy=True)
-            old = old_or_current(rows, logprobs)
-            ref = None if self._reference is None else self._reference.completion_logprobs(agent, inputs, completion, mask)
-            weights = token_weights(mask, normalizer=norm, mode=self.loss_aggregation, dtype=logprobs.dtype) * scale
-            sampler, _ = pad_right([r.old_logprobs if r.sampler_logprobs is None else r.sampler_logprobs
-                                    for r in rows], 0, self.device)
-            tis = None if self.tis_cap is None else truncated_importance_weights(old, sampler, mask, self.tis_cap)
-            out = clipped_objective(
-                logprobs, old, advantages, mask, self.clip_eps, self.clip_eps_high,
-                self.beta, ref, weights, importance_weights=tis,
-            )
-            self.manual_backward(out["loss"])
-            if scale:
-                stats = {k: float(v.detach()) for k, v in out.items()}
-                stats.update(sampler_gap(old, sampler, mask))
-                stats["entropy"] = float((entropy.detach() * weights).sum())
+        for micro in micro_batches(rows, self.micro_batch_size):  # weighted sums: they add up
+            for k, v in self._policy_loss(agent, micro, norm, scale).items():
+                stats[k] = max(stats[k], v) if k == "sampler_gap_max" else stats[k] + v
         stats["grad_norm"] = optimizer_step(agent, self._optimizer, self.max_grad_norm)
+        return dict(stats)
+
+    def _policy_loss(self, agent: Agent, rows: Sequence[Span], norm: float, scale: float = 1.0) -> dict[str, float]:
+        """Forward and backward of the clipped objective on ``rows``, weighted by the step's ``norm``
+        (``scale`` 0: a sharded rank's stand-in pass, which contributes nothing)."""
+        inputs = agent.encode([r.observation for r in rows])
+        pad = agent.tokenizer.pad_token_id
+        completion, mask = pad_right([r.completion_ids for r in rows], pad, self.device)
+        advantages = torch.tensor([r.advantage for r in rows], device=self.device)
+        logprobs, entropy = agent.completion_logprobs(inputs, completion, mask, with_entropy=True)
+        old = old_or_current(rows, logprobs)
+        ref = None if self._reference is None else self._reference.completion_logprobs(agent, inputs, completion, mask)
+        weights = token_weights(mask, normalizer=norm, mode=self.loss_aggregation, dtype=logprobs.dtype) * scale
+        sampler, _ = pad_right([r.old_logprobs if r.sampler_logprobs is None else r.sampler_logprobs for r in rows],
+                               0, self.device)
+        tis = None if self.tis_cap is None else truncated_importance_weights(old, sampler, mask, self.tis_cap)
+        out = clipped_objective(
+            logprobs, old, advantages, mask, self.clip_eps, self.clip_eps_high, self.beta, ref, weights,
+            importance_weights=tis,
+        )
+        self.manual_backward(out["loss"])
+        if not scale:
+            return {}
+        stats = {k: float(v.detach()) for k, v in out.items()}
+        gap = sampler_gap(old, sampler, mask)  # mean: token-weighted over micro-batches, like the loss terms
+        stats["sampler_gap_mean"] = gap["sampler_gap_mean"] * float(mask.sum()) / max(norm, 1.0) \
+            if self.loss_aggregation == "token" else gap["sampler_gap_mean"] * len(rows) / max(norm, 1.0)
+        stats["sampler_gap_max"] = gap["sampler_gap_max"]
+        stats["entropy"] = float((entropy.detach() * weights).sum())
         return stats
 
     # --- SFT ----------------------------------------------------------------------------------
@@ -332,14 +359,17 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         if not demos:
             raise ValueError(f"stage {stage.name!r}: the environment gives no demonstrations for {agent.name!r}")
         targets = agent.encode_completions([a for _, a in demos])
-        completion, mask = pad_right(targets, agent.tokenizer.pad_token_id, self.device)
-        norm = distributed.global_sums([float(mask.sum())], self.device)[0]
-        inputs = agent.encode([o for o, _ in demos])
-        logprobs = agent.completion_logprobs(inputs, completion, mask, temperature=1.0)
-        loss = -(logprobs * token_weights(mask, normalizer=norm, dtype=logprobs.dtype)).sum()  # token-mean NLL
-        self.manual_backward(loss)
+        norm = distributed.global_sums([float(sum(t.numel() for t in targets))], self.device)[0]
+        loss_sum = 0.0
+        for micro in micro_batches(list(zip(demos, targets)), self.micro_batch_size):
+            completion, mask = pad_right([t for _, t in micro], agent.tokenizer.pad_token_id, self.device)
+            inputs = agent.encode([o for (o, _), _ in micro])
+            logprobs = agent.completion_logprobs(inputs, completion, mask, temperature=1.0)
+            loss = -(logprobs * token_weights(mask, normalizer=norm, dtype=logprobs.dtype)).sum()  # token-mean NLL
+            self.manual_backward(loss)
+            loss_sum += float(loss.detach())
         optimizer_step(agent, self._optimizer, self.max_grad_norm)
-        value = float(loss.detach()) * world  # this rank's share of the global token mean, rescaled
+        value = loss_sum * world  # this rank's share of the global token mean, rescaled
         self.log(f"loss/{agent.name}/sft", value, prog_bar=True, logger=False)
         self._emit({f"loss/{agent.name}/sft": value, "stage": float(self._stage_index or 0)})
 

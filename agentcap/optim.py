@@ -1,10 +1,26 @@
-"""The trainable agent's optimiser: built when its stage begins, stepped after each minibatch.
+"""The trainable agent's optimiser, its per-stage learning-rate schedule, micro-batches, and the
+precision rule for trained parameters.
 
-Frozen agents get none, so they carry no optimiser state; only parameters with ``requires_grad``
-are handed to AdamW.
+1. One AdamW per stage over the trainable agent's parameters with gradients (adapter tensors only
+   for a LoRA agent), so frozen agents never carry optimiser state; stepped after each minibatch.
+2. The lr schedule is per stage and advances once per stage step (one SFT step, or one GRPO
+   rollout batch with all its minibatch updates): linear warm-up over ``warmup_steps`` from
+   lr/warmup to lr, then ``constant``, ``linear`` (to 0 after the last step) or ``cosine`` decay.
+   Its state is checkpointed with the optimiser's.
+3. Micro-batches split an optimiser step's rows into forward/backward passes whose gradients add
+   up; the loss weights are normalised by the whole step's token count (``token_weights``), so the
+   sum equals one pass over all rows.
+4. Trained parameters stay float32: an AdamW step at lr 1e-6 on a bf16 weight (8-bit mantissa)
+   mostly rounds back to the same value. bf16 compute comes from ``--trainer.precision
+   bf16-mixed`` (Lightning's autocast wraps every training step: rollout and update); a bf16 base
+   is fine under a LoRA adapter, whose own tensors are float32.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 
@@ -12,9 +28,11 @@ from agentcap import distributed
 from agentcap.agents.agent import Agent
 from agentcap.sharding import full_norm, needs_gradient_all_reduce
 
+T = TypeVar("T")
+
 
 def build_optimizer(agent: Agent, lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in agent.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+    return torch.optim.AdamW(agent.trainable_parameters(), lr=lr, weight_decay=weight_decay)
 
 
 def optimizer_step(agent: Agent, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
@@ -27,3 +45,48 @@ def optimizer_step(agent: Agent, optimizer: torch.optim.Optimizer, max_grad_norm
     optimizer.zero_grad(set_to_none=True)
     agent.sync_weights()  # a vLLM sampler gets the new weights before the next rollout
     return full_norm(grad_norm)
+
+
+def lr_factor(step: int, steps: int, warmup_steps: int = 0, schedule: str = "constant") -> float:
+    """Multiplier of the stage's lr at stage step ``step`` (0-based) of ``steps``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+    if schedule == "linear":
+        return max(0.0, 1.0 - progress)
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    raise ValueError(f"lr_schedule: {schedule!r} is not one of constant, linear, cosine")
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, stage) -> torch.optim.lr_scheduler.LambdaLR:
+    """The stage's warm-up + decay as a LambdaLR, stepped once per stage step."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, stage.steps, stage.warmup_steps, stage.lr_schedule)
+    )
+
+
+def micro_batches(rows: Sequence[T], size: int | None) -> list[list[T]]:
+    """``rows`` in consecutive chunks of at most ``size`` (all at once when None); none when empty."""
+    rows = list(rows)
+    if not rows:
+        return []
+    size = len(rows) if size is None else size
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def check_trainable_precision(agents: Mapping[str, Any], stages: Sequence[Any]) -> None:
+    """Refuse low-precision parameters on an agent some stage trains with an optimiser (item 4)."""
+    trained = {s.agent: s.name for s in stages if s.kind in ("sft", "grpo")}
+    for role, stage in trained.items():
+        config = agents[role]
+        if config.dtype != "float32" and config.peft is None:
+            raise ValueError(
+                f"agents.{role}.dtype: {config.dtype} parameters, but stage {stage!r} trains {role!r} with "
+                f"AdamW: updates smaller than a {config.dtype} weight's rounding step (lr 1e-6 on weights ~1e-2) "
+                "vanish, so most weights would never change. Keep dtype: float32 (fp32 master weights) and "
+                "pass --trainer.precision bf16-mixed for bf16 compute, or train a LoRA adapter "
+                f"(agents.{role}.peft) over the {config.dtype} base."
+            )

@@ -1,7 +1,7 @@
 """What a checkpoint adds to the weights, so that `agentcap fit` resumes inside any stage.
 
-The schedule tick is the progress; the active stage's optimiser state, KL reference and replayed
-Instruct items come back when that stage begins again (:meth:`ResumeHooks.restored_for`). A
+The schedule tick is the progress; the active stage's optimiser and lr-schedule state, KL
+reference and replayed Instruct items come back when that stage begins again (:meth:`ResumeHooks.restored_for`). A
 checkpoint written by another schedule is refused: its ticks would mean other stages.
 """
 
@@ -25,7 +25,9 @@ class ResumeHooks:
             "stage_index": self._stage_index,
             "stages": [stage.name for stage in self.schedule.stages],
             "optimizer": None if self._optimizer is None else optimizer_state(self._trainable(), self._optimizer),
-            "reference": None if self._reference is None else self._reference.model.state_dict(),
+            "scheduler": None if self._scheduler is None else self._scheduler.state_dict(),
+            # a LoRA agent's reference is its own base (no state); a full fine-tune's is a copy
+            "reference": None if getattr(self._reference, "model", None) is None else self._reference.model.state_dict(),
             "replay": self.replay.state(active),
         }
 

@@ -30,6 +30,8 @@ class Stage:
             temperatures with a seeded generator (the policy GRPO optimises).
         env: keyword overrides for the environment in this stage (reward weights, modes…).
         lr: learning rate; defaults to the agent's.
+        warmup_steps: stage steps of linear warm-up to ``lr``.
+        lr_schedule: after warm-up, ``constant``, ``linear`` decay to 0 or ``cosine`` decay.
         harvest: environment overrides of a harvest rollout run when the stage begins (all agents
             frozen); the environment's ``harvest`` turns its episodes into this stage's items
             (ACE-Cap's Instruct phase replays states harvested from Composer rollouts, Eq. 23).
@@ -46,6 +48,8 @@ class Stage:
     greedy: bool = True
     env: dict[str, Any] = field(default_factory=dict)
     lr: float | None = None
+    warmup_steps: int = 0
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     max_duration: float | None = None
     harvest: dict[str, Any] | None = None
     harvest_items: int = 16
@@ -71,6 +75,8 @@ class Schedule:
                     raise ValueError(f"{where}: agent {stage.agent!r} is not one of the configured agents {sorted(agents)}")
                 if stage.steps < 1:
                     raise ValueError(f"{where}: steps must be ≥ 1, got {stage.steps}")
+                if not 0 <= stage.warmup_steps <= stage.steps:
+                    raise ValueError(f"{where}: warmup_steps must be in 0..steps ({stage.steps}), got {stage.warmup_steps}")
             elif stage.agent is not None:
                 raise ValueError(f"{where}: an evaluate stage trains no agent (got agent={stage.agent!r})")
         self.stages = list(stages)

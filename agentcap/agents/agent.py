@@ -9,6 +9,8 @@ and kernel choice).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from agentcap.agents.backends import VLLMOptions, build_backend
+from agentcap.agents.adapters import Adapters, LoraSpec, attach_adapter
 from agentcap.agents.families import FAMILIES, Family, Observation
 from agentcap.agents.logprobs import chosen_logprobs, head_removed, logits_logprobs, plain_head
 from agentcap.agents.tiny import CAUSAL_KINDS, build_tiny
@@ -38,12 +41,19 @@ class AgentConfig:
         temperature: sampling temperature; log-probs are taken at the same temperature.
         top_p: nucleus sampling mass.
         lr: learning rate of this agent's optimiser, when it trains.
-        dtype: parameter dtype.
+        dtype: parameter dtype. A trained agent keeps float32 parameters (master weights; use
+            ``--trainer.precision bf16-mixed`` for bf16 compute); bf16 suits frozen agents and
+            the base under an adapter.
         gguf_file: file name inside ``model`` for GGUF checkpoints.
         trust_remote_code: off unless you trust the model folder's code.
         backend: who samples the actions: ``hf`` (the model's ``generate``) or ``vllm`` (an engine
             whose weights are synced after every optimiser step; needs ``model`` to be a plain HF folder).
         vllm: engine options when ``backend`` is ``vllm``.
+        peft: train a LoRA adapter (rank, alpha, target modules) instead of the weights.
+        share_base_with: another role whose base model this one shares, one adapter each (both
+            need ``peft``); this role then names no model of its own, or the same one.
+        gradient_checkpointing: recompute each layer's activations in the backward pass (less
+            memory, about one more forward); dropout stays off.
     """
 
     model: str | None = None
@@ -61,6 +71,9 @@ class AgentConfig:
     trust_remote_code: bool = False
     backend: Literal["hf", "vllm"] = "hf"
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
+    peft: LoraSpec | None = None
+    share_base_with: str | None = None
+    gradient_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.vllm, dict):
@@ -97,6 +110,7 @@ class Agent(nn.Module):
         temperature: float = 1.0,
         top_p: float = 1.0,
         lr: float = 1e-5,
+        adapters: Adapters | None = None,
     ):
         super().__init__()
         self.name = name
@@ -109,8 +123,11 @@ class Agent(nn.Module):
         self.top_p = top_p
         self.lr = lr
         self.trainable = False
+        self.adapters = adapters  # LoRA: only the adapter trains, the checkpoint holds only it
         # parameters the model itself keeps fixed (e.g. sinusoidal audio positions) stay fixed
         self._always_frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+        if adapters is not None:
+            adapters.install_state_hooks(self)
         self.set_trainable(False)
         self.backend = build_backend(self)
 
@@ -124,11 +141,24 @@ class Agent(nn.Module):
             self.backend.sync()
 
     def set_trainable(self, trainable: bool) -> None:
-        """Frozen agents have no grad, so they carry no optimiser state."""
+        """Frozen agents have no grad, so they carry no optimiser state; an adapter agent trains
+        its adapter only."""
         self.trainable = trainable
-        for name, param in self.model.named_parameters():
-            param.requires_grad_(trainable and name not in self._always_frozen)
+        if self.adapters is not None:
+            self.adapters.set_trainable(trainable)
+        else:
+            for name, param in self.model.named_parameters():
+                param.requires_grad_(trainable and name not in self._always_frozen)
         self.model.eval()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """This agent's parameters with gradients (a shared base also lists other roles' adapters)."""
+        own = self.adapters.own_parameters() if self.adapters is not None else self.model.parameters()
+        return [p for p in own if p.requires_grad]
+
+    def active(self):
+        """The context every forward of this agent runs in: its own adapter on a shared base."""
+        return self.adapters.active() if self.adapters is not None else contextlib.nullcontext()
 
     def train(self, mode: bool = True):
         """Always eval mode: with dropout on, the sampler and the learner would see different
@@ -163,6 +193,17 @@ class Agent(nn.Module):
         (:class:`~agentcap.agents.sampling.RowSampler`), so a row's tokens do not depend on the
         batch it shares or on the process that runs it; without, from the global RNG.
         """
+        with self.active():
+            return self._generate(observations, greedy, batch_size, seeds, old_logprobs)
+
+    def _generate(
+        self,
+        observations: Sequence[Observation],
+        greedy: bool,
+        batch_size: int,
+        seeds: Sequence[int] | None,
+        old_logprobs: bool,
+    ) -> list[Generation]:
         results: list[Generation] = []
         for start in range(0, len(observations), batch_size):
             chunk = list(observations[start : start + batch_size])
@@ -198,20 +239,21 @@ class Agent(nn.Module):
         With ``with_entropy`` also returns the per-token entropy of the same distribution.
         """
         temperature = self.temperature if temperature is None else temperature
-        model = self.family.model  # the live policy, or a KL reference swapped in (agents.reference)
-        head = plain_head(model)
-        if head is None:
-            logits = self.family.logits(inputs, completion, mask).float() / temperature
-            logprobs, entropy = logits_logprobs(logits, completion, with_entropy)
-            logprobs = logprobs * mask
-            return (logprobs, entropy * mask) if with_entropy else logprobs
-        # the head applied chunk-wise to the completion tokens only: no [N, T, V] tensor survives
-        path, linear = head
-        with head_removed(model, path):
-            hidden = self.family.logits(inputs, completion, mask)  # [N, T, H]
-        keep = mask.bool()
-        chosen, entropy_kept = chosen_logprobs(hidden[keep], linear.weight, completion[keep], temperature)
-        logprobs = chosen.new_zeros(completion.shape).masked_scatter(keep, chosen)
+        with self.active():  # this role's adapter on a shared base
+            model = self.family.model  # the live policy, or a KL reference swapped in (agents.reference)
+            head = plain_head(model)
+            if head is None:
+                logits = self.family.logits(inputs, completion, mask).float() / temperature
+                logprobs, entropy = logits_logprobs(logits, completion, with_entropy)
+                logprobs = logprobs * mask
+                return (logprobs, entropy * mask) if with_entropy else logprobs
+            # the head applied chunk-wise to the completion tokens only: no [N, T, V] tensor survives
+            path, linear = head
+            with head_removed(model, path):
+                hidden = self.family.logits(inputs, completion, mask)  # [N, T, H]
+            keep = mask.bool()
+            chosen, entropy_kept = chosen_logprobs(hidden[keep], linear.weight, completion[keep], temperature)
+            logprobs = chosen.new_zeros(completion.shape).masked_scatter(keep, chosen)
         if not with_entropy:
             return logprobs
         return logprobs, entropy_kept.new_zeros(completion.shape).masked_scatter(keep, entropy_kept)
@@ -318,6 +360,10 @@ def build_agent(
     model = model.to(dtype)
     if tokenizer is None:
         raise ValueError(f"agents.{name}: no tokenizer (set tokenizer, model or build_tokenizer_from)")
+    if config.gradient_checkpointing:
+        from agentcap.agents.checkpointing import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(model, name)
     agent = Agent(
         name,
         model,
@@ -328,9 +374,58 @@ def build_agent(
         temperature=config.temperature,
         top_p=config.top_p,
         lr=config.lr,
+        adapters=None if config.peft is None else attach_adapter(model, name, config.peft),
     )
     if config.backend != "hf":
         agent.use_backend(config.backend, config.vllm, config.model)
+    return agent
+
+
+def build_agents(
+    configs: dict[str, AgentConfig], extra_texts: Sequence[str] = (), vocabulary=lambda name: None
+) -> dict[str, Agent]:
+    """Every configured agent, in config order; a ``share_base_with`` role reuses that role's model
+    (and tokenizer). ``vocabulary(name)``: where a word-level tokenizer's vocabulary is saved."""
+    built: dict[str, Agent] = {}
+    for name, config in configs.items():
+        if config.share_base_with is None:
+            built[name] = build_agent(name, config, extra_texts, vocabulary=vocabulary(name))
+    for name, config in configs.items():
+        if config.share_base_with is not None:
+            built[name] = _share_base(name, config, configs, built)
+    return {name: built[name] for name in configs}
+
+
+def _share_base(name: str, config: AgentConfig, configs: dict[str, AgentConfig], built: dict[str, Agent]) -> Agent:
+    """A role with its own adapter on another role's (frozen, shared) base model."""
+    owner = config.share_base_with
+    where = f"agents.{name}.share_base_with"
+    if owner not in built:
+        known = sorted(n for n, c in configs.items() if c.share_base_with is None)
+        raise ValueError(f"{where}: {owner!r} is not a role with a model of its own (one of {known})")
+    base = built[owner]
+    if config.peft is None or base.adapters is None:
+        raise ValueError(f"{where}: both {name!r} and {owner!r} need a `peft` adapter to share a base")
+    mine, theirs = (config.model, config.toy, config.tiny), (configs[owner].model, configs[owner].toy, configs[owner].tiny)
+    if any(x is not None for x in mine) and mine != theirs:
+        raise ValueError(f"{where}: {name!r} names another model than {owner!r}; give none, or the same one")
+    if config.gradient_checkpointing:
+        from agentcap.agents.checkpointing import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(base.model, name)
+    agent = Agent(
+        name,
+        base.model,
+        base.tokenizer,
+        family=base.family.name,
+        processor=base.processor,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        lr=config.lr,
+        adapters=attach_adapter(base.model, name, config.peft, share=base.adapters),
+    )
+    agent.family = copy.copy(base.family)  # keeps family settings (frames_as…) of the same model
     return agent
 
 

@@ -1,4 +1,9 @@
-"""The KL reference π_ref of a GRPO stage: the trainable agent as it was when the stage began."""
+"""The KL reference π_ref of a GRPO stage: the trainable agent as it was when the stage began, or
+for a LoRA agent its own model with the adapters disabled (the base; no copy, no state).
+
+Departure for LoRA: after an SFT stage the reference is the base *before* SFT, where a full
+fine-tune's reference is the policy at the start of the GRPO stage.
+"""
 
 from __future__ import annotations
 
@@ -25,3 +30,22 @@ class Reference(torch.nn.Module):
             return agent.completion_logprobs(inputs, completion, mask)
         finally:
             agent.family.model = live
+
+
+class AdaptersDisabled:
+    """A LoRA agent's reference: the same model with every adapter switched off (peft's
+    ``disable_adapter``). Nothing to checkpoint: the base is rebuilt from the config."""
+
+    model = None
+
+    def __init__(self, agent: Agent):
+        self.adapters = agent.adapters
+
+    @torch.no_grad()
+    def completion_logprobs(self, agent: Agent, inputs: dict[str, Any], completion, mask) -> torch.Tensor:
+        with self.adapters.disabled():
+            return agent.completion_logprobs(inputs, completion, mask)
+
+
+def kl_reference(agent: Agent) -> Reference | AdaptersDisabled:
+    return AdaptersDisabled(agent) if agent.adapters is not None else Reference(agent)
