@@ -327,9 +327,11 @@ def main(argv: list[str] | None = None) -> None:
 
         module, function = COMMANDS[argv[0]][0].split(":")
         raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
-    program, sys.argv = sys.argv, sys.argv[:1]  # `argv` is the command line: LightningCLI must not see both
+    # `argv` becomes the command line LightningCLI reads (args=None: no "args and command line"
+    # warning), and the one Lightning's DDP launcher re-runs for the other ranks
+    program, sys.argv = sys.argv, [sys.argv[0], *argv]
     try:
-        AgentcapCLI(GRPOModule, datamodule_class=None, args=argv, save_config_callback=RunConfig,
+        AgentcapCLI(GRPOModule, datamodule_class=None, args=None, save_config_callback=RunConfig,
                     save_config_kwargs={"overwrite": True})
     except MissingWeightsError as err:
         print(f"agentcap: {err}{_demo_hint(argv)}", file=sys.stderr)

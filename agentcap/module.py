@@ -154,8 +154,6 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         self.agents = torch.nn.ModuleDict(build_agents(agents, texts, vocabulary))
         self.schedule = Schedule(stages, list(agents))
         check_trainable_precision(agents, stages)
-        texts = env.texts() if any(cfg.build_tokenizer_from for cfg in agents.values()) else []
-        self.agents = torch.nn.ModuleDict(build_agents(agents, texts))
         self.group_size, self.rollout_batch_size = group_size, rollout_batch_size
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
         self.micro_batch_size = micro_batch_size

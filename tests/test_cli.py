@@ -88,11 +88,12 @@ def test_main_with_argv_does_not_warn_about_the_command_line(tmp_path, toy_movie
     import warnings
 
     config = make_read_config(tmp_path, toy_movie, [{"name": "e", "kind": "evaluate", "split": "val"}])
-    monkeypatch.setattr(sys, "argv", ["agentcap", "fit", "--config", str(config)])
+    # validate refuses a run without a checkpoint, so `fit` is the command here and sys.argv says otherwise
+    monkeypatch.setattr(sys, "argv", ["agentcap", "validate", "--config", str(config)])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        main(["validate", "--config", str(config)])
+        main(["fit", "--config", str(config)])
     messages = [str(w.message) for w in caught]
     assert not any("command line" in m for m in messages), messages
     assert not any("no optimizer" in m or "eval mode" in m for m in messages), messages
-    assert sys.argv == ["agentcap", "fit", "--config", str(config)]
+    assert sys.argv == ["agentcap", "validate", "--config", str(config)]

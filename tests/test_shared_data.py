@@ -38,8 +38,8 @@ def test_envs_of_one_manifest_share_its_rows_and_read_it_once(manifest, monkeypa
     real = data._read_rows
     monkeypatch.setattr(data, "_read_rows", lambda *a, **k: reads.append(1) or real(*a, **k))
     probes = []
-    real_duration = data.audio_duration
-    monkeypatch.setattr(data, "audio_duration", lambda *a, **k: probes.append(1) or real_duration(*a, **k))
+    real_duration = data.decoded_duration  # the load check decodes each file (issue 11)
+    monkeypatch.setattr(data, "decoded_duration", lambda *a, **k: probes.append(1) or real_duration(*a, **k))
     envs = [Clips(manifest=str(manifest)) for _ in range(8)]  # a rollout pool: one env per trajectory
     assert len(reads) == 1 and len(probes) == 3  # one read, each audio file probed once
     assert all(env.items[0] is envs[0].items[0] for env in envs)
