@@ -168,7 +168,7 @@ class RolloutDriver:
                             text=gen.text,
                             completion_ids=gen.completion_ids,
                             old_logprobs=gen.old_logprobs,
-                            sampler_logprobs=gen.sampler_logprobs,
+                            sampler_logprobs=getattr(gen, "sampler_logprobs", None),  # agents of your own may not report it
                         )
                     )
                     turns[t] += 1
