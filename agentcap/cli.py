@@ -146,7 +146,7 @@ class AgentcapCLI(LightningCLI):
 
     def _dumped(self) -> dict[str, Any]:
         """This command's config as ``config.yaml`` would hold it."""
-        return yaml.safe_load(self._parser(self.subcommand).dump(self.run_config, skip_none=False)) or {}
+        return yaml.safe_load(self._parser(self.subcommand).dump(self.run_config, skip_unset=False)) or {}
 
     def _load_trained(self) -> None:
         """validate / test / predict evaluate the run's newest checkpoint, never untrained weights."""
@@ -200,7 +200,7 @@ class RunConfig(SaveConfigCallback):
     def save_config(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
             os.makedirs(pl_module.run_dir, exist_ok=True)
-            self.parser.save(self.config, os.path.join(pl_module.run_dir, "config.yaml"), skip_none=False,
+            self.parser.save(self.config, os.path.join(pl_module.run_dir, "config.yaml"), skip_unset=False,
                              overwrite=True)
 
 

@@ -77,11 +77,18 @@ def rollout_metrics(batch: RolloutBatch, spans: Sequence[Span], stats: dict[str,
     for name, calls in batch.generate_calls.items():
         metrics[f"rollout/{name}/generate_calls"] = float(calls)
     by_kind: dict[str, list[float]] = defaultdict(list)
+    by_group: dict[tuple[str, int], list[float]] = defaultdict(list)
     for s in spans:
         by_kind[s.kind].append(float(s.utility))
+        by_group[(s.kind, s.group)].append(float(s.utility))
     for kind, values in by_kind.items():
         metrics[f"utility/{kind}/mean"] = float(np.mean(values))
         metrics[f"utility/{kind}/std"] = float(np.std(values))
+        # GRPO learns only from spread inside a group: a group whose utilities are all equal gets
+        # zero advantages (the usual reason a GRPO stage stops moving)
+        groups = [v for (k, _), v in by_group.items() if k == kind]
+        metrics[f"utility/{kind}/group_std"] = float(np.mean([np.std(v) for v in groups]))
+        metrics[f"utility/{kind}/zero_spread"] = float(np.mean([np.ptp(v) == 0 for v in groups]))
     return metrics
 
 

@@ -53,12 +53,18 @@ from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
 from agentcap.logs import StepClock, emit, rollout_metrics, sample_rows
 from agentcap.old_policy import fill_old_logprobs, old_or_current
-from agentcap.optim import build_optimizer, build_scheduler, check_trainable_precision, micro_batches, optimizer_step
+from agentcap.optim import (
+    aligned_micro_batches,
+    build_optimizer,
+    build_scheduler,
+    check_trainable_precision,
+    optimizer_step,
+)
 from agentcap.replay import Replay
 from agentcap.resume import ResumeHooks
 from agentcap.rollout import Span
 from agentcap.schedule import Schedule, Stage
-from agentcap.sharding import is_sharded, load_optimizer_state, needs_gradient_all_reduce, shard_agents
+from agentcap.sharding import is_sharded, load_optimizer_state, shard_agents
 from agentcap.splits import EnvSpec, Splits
 
 __all__ = ["EnvSpec", "GRPOModule"]
@@ -306,10 +312,8 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         local = float(sum(r.completion_ids.numel() for r in rows)) if self.loss_aggregation == "token" else float(len(rows))
         norm = distributed.global_sums([local], self.device)[0]
         stats: dict[str, float] = defaultdict(float)
-        scale = 1.0
-        if not rows and not needs_gradient_all_reduce(agent) and distributed.world()[1] > 1:
-            rows, scale = list(stand_in), 0.0  # sharded: forward and backward are collectives, run them on nothing
-        for micro in micro_batches(rows, self.micro_batch_size):  # weighted sums: they add up
+        # weighted sums: they add up (a sharded rank short of passes runs stand-ins at scale 0)
+        for micro, scale in aligned_micro_batches(agent, rows, self.micro_batch_size, stand_in):
             for k, v in self._policy_loss(agent, micro, norm, scale).items():
                 stats[k] = max(stats[k], v) if k == "sampler_gap_max" else stats[k] + v
         stats["grad_norm"] = optimizer_step(agent, self._optimizer, self.max_grad_norm)
@@ -359,11 +363,12 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         targets = agent.encode_completions([a for _, a in demos])
         norm = distributed.global_sums([float(sum(t.numel() for t in targets))], self.device)[0]
         loss_sum = 0.0
-        for micro in micro_batches(list(zip(demos, targets)), self.micro_batch_size):
+        for micro, scale in aligned_micro_batches(agent, list(zip(demos, targets)), self.micro_batch_size):
             completion, mask = pad_right([t for _, t in micro], agent.tokenizer.pad_token_id, self.device)
             inputs = agent.encode([o for (o, _), _ in micro])
             logprobs = agent.completion_logprobs(inputs, completion, mask, temperature=1.0)
-            loss = -(logprobs * token_weights(mask, normalizer=norm, dtype=logprobs.dtype)).sum()  # token-mean NLL
+            weights = token_weights(mask, normalizer=norm, dtype=logprobs.dtype) * scale
+            loss = -(logprobs * weights).sum()  # token-mean NLL
             self.manual_backward(loss)
             loss_sum += float(loss.detach())
         optimizer_step(agent, self._optimizer, self.max_grad_norm)

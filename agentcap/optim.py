@@ -43,7 +43,7 @@ def optimizer_step(agent: Agent, optimizer: torch.optim.Optimizer, max_grad_norm
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in agent.parameters() if p.requires_grad], max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    agent.sync_weights()  # a vLLM sampler gets the new weights before the next rollout
+    agent.sync_weights()  # a vLLM sampler takes the new weights before its next rollout
     return full_norm(grad_norm)
 
 
@@ -75,6 +75,22 @@ def micro_batches(rows: Sequence[T], size: int | None) -> list[list[T]]:
         return []
     size = len(rows) if size is None else size
     return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def aligned_micro_batches(
+    agent: Agent, rows: Sequence[T], size: int | None, stand_in: Sequence[T] = ()
+) -> list[tuple[list[T], float]]:
+    """``(micro-batch, scale)`` passes for one optimiser step. A sharded agent's every forward and
+    backward is a collective, so each rank must run as many passes as the busiest one: the missing
+    ones repeat a real micro-batch (or ``stand_in`` rows, for a rank without rows) at scale 0."""
+    passes = [(micro, 1.0) for micro in micro_batches(rows, size)]
+    if distributed.world()[1] == 1 or needs_gradient_all_reduce(agent):
+        return passes
+    missing = distributed.most(len(passes)) - len(passes)
+    spare = [micro for micro, _ in passes] or micro_batches(stand_in, size)
+    if missing and not spare:
+        raise ValueError(f"agents.{agent.name}: this process has no rows to take part in the sharded passes")
+    return passes + [(spare[-1], 0.0)] * missing
 
 
 def check_trainable_precision(agents: Mapping[str, Any], stages: Sequence[Any]) -> None:

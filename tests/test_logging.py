@@ -99,3 +99,19 @@ def test_child_run_names():
     fit = {"class_path": "lightning.pytorch.loggers.WandbLogger", "init_args": {"name": "read-demo"}}
     child_run_names(fit, "fit")
     assert fit["init_args"] == {"name": "read-demo"}
+
+
+def test_rollout_metrics_report_the_spread_inside_groups():
+    from types import SimpleNamespace
+
+    from agentcap.logs import rollout_metrics
+    from agentcap.rollout import RolloutBatch
+
+    import torch
+
+    spans = [SimpleNamespace(kind="answer", group=g, utility=u, completion_ids=torch.zeros(1))
+             for g, u in [(0, 1.0), (0, 1.0), (1, 0.0), (1, 2.0)]]
+    batch = RolloutBatch(episodes=[], scores=[], spans=[])
+    metrics = rollout_metrics(batch, spans, {}, "policy")
+    assert metrics["utility/answer/zero_spread"] == 0.5  # group 0 teaches nothing
+    assert metrics["utility/answer/group_std"] == 0.5  # mean of std 0 and std 1

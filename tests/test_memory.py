@@ -5,6 +5,7 @@ refused while bf16-mixed autocast reaches rollout and update."""
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -70,6 +71,21 @@ def test_micro_batches_1x8_equal_8x1_in_loss_grads_and_weights(tmp_path, toy_mov
     for k in weights1:  # AdamW divides by sqrt(v): float-rounding gaps in tiny gradients reach ~1e-6
         torch.testing.assert_close(weights8[k], weights1[k], rtol=1e-4, atol=2e-6)
     assert any(not torch.equal(weights1[k], start[k]) for k in start)
+
+
+def test_a_sharded_rank_short_of_passes_runs_stand_ins_at_scale_zero(monkeypatch):
+    from agentcap import optim
+
+    agent = SimpleNamespace(name="policy", model=None)
+    monkeypatch.setattr(optim.distributed, "world", lambda: (1, 2))
+    monkeypatch.setattr(optim, "needs_gradient_all_reduce", lambda _: False)  # sharded
+    monkeypatch.setattr(optim.distributed, "most", lambda n: 3)  # the other rank has 3 passes
+    assert optim.aligned_micro_batches(agent, [1, 2, 3], 2) == [([1, 2], 1.0), ([3], 1.0), ([3], 0.0)]
+    assert optim.aligned_micro_batches(agent, [], 2, stand_in=[9]) == [([9], 0.0)] * 3
+    with pytest.raises(ValueError, match="agents.policy"):
+        optim.aligned_micro_batches(agent, [], 2)
+    monkeypatch.setattr(optim, "needs_gradient_all_reduce", lambda _: True)  # DDP: passes are local
+    assert optim.aligned_micro_batches(agent, [1, 2, 3], 2) == [([1, 2], 1.0), ([3], 1.0)]
 
 
 def test_micro_batches_split_and_keep_order():

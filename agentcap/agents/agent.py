@@ -136,9 +136,10 @@ class Agent(nn.Module):
         self.backend = build_backend(self, backend, options, model_path, where=f"agents.{self.name}")
 
     def sync_weights(self) -> None:
-        """After an optimiser step of this (trainable) agent: its sampler gets the new weights."""
+        """After an optimiser step of this (trainable) agent: its sampler takes the new weights
+        before its next rollout. Lazily: a stage of many SFT steps costs one sync, not one per step."""
         if self.trainable:
-            self.backend.sync()
+            self.backend.stale = True
 
     def set_trainable(self, trainable: bool) -> None:
         """Frozen agents have no grad, so they carry no optimiser state; an adapter agent trains

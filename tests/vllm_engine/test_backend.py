@@ -60,9 +60,10 @@ def test_weight_sync_after_an_optimiser_step(agent):
     optimizer.step()
     syncs = agent.backend.syncs
     agent.sync_weights()
-    assert agent.backend.syncs == syncs + 1
+    assert agent.backend.stale and agent.backend.syncs == syncs  # lazily: at the next use
 
     after = agent.backend.score(prompt_ids, completions)
+    assert agent.backend.syncs == syncs + 1 and not agent.backend.stale
     with torch.no_grad():
         learner = agent.completion_logprobs(inputs, completion, mask)
     for i, (b, a) in enumerate(zip(before, after)):
@@ -79,4 +80,6 @@ def test_frozen_agent_is_never_synced(agent):
     agent.set_trainable(False)
     syncs = agent.backend.syncs
     agent.sync_weights()
+    assert not agent.backend.stale
+    agent.backend.score([[1, 2]], [[3]])
     assert agent.backend.syncs == syncs

@@ -56,8 +56,12 @@ class Backend(Protocol):
         """Completions for ``observations`` (``inputs``: the family's encoding of them); ``seeds``, one
         per row, make each row's sample independent of its batch and rank."""
 
+    #: The learner's weights changed since the sampler last took them (an optimiser step, a loaded
+    #: checkpoint); a sampler with weights of its own syncs before it next samples.
+    stale: bool
+
     def sync(self) -> None:
-        """Bring the sampler's weights up to the learner's (after an optimiser step)."""
+        """Bring the sampler's weights up to the learner's."""
 
 
 def build_backend(

@@ -15,6 +15,7 @@ class HFBackend:
 
     def __init__(self, agent):
         self.agent = agent
+        self.stale = False  # never read: the sampler is the learner
 
     @torch.no_grad()
     def sample(

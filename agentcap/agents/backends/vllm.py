@@ -87,7 +87,7 @@ class VLLMBackend:
         self.agent_dtype = str(next(agent.model.parameters()).dtype).removeprefix("torch.")
         self._llm = None
         self._asleep = False
-        self.stale = False  # the learner's weights changed without a sync (a checkpoint was loaded)
+        self.stale = False  # the learner's weights changed since the last sync (a step, a checkpoint)
         self.syncs = 0
 
     # --- the engine ---------------------------------------------------------------------------
@@ -206,6 +206,8 @@ class VLLMBackend:
         the sampler-learner gap."""
         from vllm import SamplingParams
 
+        if self.stale:
+            self.sync()
         self._wake()
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         requests = [{"prompt_token_ids": list(p) + list(c)} for p, c in zip(prompts, completions)]
