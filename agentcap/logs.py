@@ -7,9 +7,7 @@ calls) would be logged again at every later step. Metric names are listed in ``d
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -33,9 +31,10 @@ def emit(loggers: Iterable[Any], metrics: dict[str, float], step: int, mean_over
             logger.log_metrics(metrics, step=step)
 
 
-def log_captions(loggers: Iterable[Any], run_dir: str, stage: str, rows: Sequence[dict[str, Any]], step: int) -> None:
-    """An evaluation's captions (reference, reward and its components; ACE-Cap: the evidence trace):
-    a table for loggers that take one (W&B), and ``<run_dir>/captions/<stage>.jsonl`` always."""
+def log_captions(loggers: Iterable[Any], stage: str, rows: Sequence[dict[str, Any]], step: int) -> None:
+    """An evaluation's per-item rows (caption, reference, reward and its components; ACE-Cap: the
+    evidence trace) as a table, for loggers that take one (W&B); the same rows are in
+    ``<run_dir>/eval/<stage>.jsonl``."""
     if not rows:
         return
     columns = list(dict.fromkeys(k for row in rows for k in row))
@@ -43,11 +42,6 @@ def log_captions(loggers: Iterable[Any], run_dir: str, stage: str, rows: Sequenc
     for logger in loggers:
         if hasattr(logger, "log_table"):
             logger.log_table(key=f"eval/{stage}/captions", columns=columns, data=data, step=step)
-    folder = os.path.join(run_dir, "captions")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, f"{stage}.jsonl"), "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
 
 
 def _cell(value: Any) -> Any:

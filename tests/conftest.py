@@ -110,8 +110,10 @@ def make_read_config():
     return read_config
 
 
-def game_config(run_dir: Path, world: Path, stages: list[dict], trainer: dict | None = None, **model) -> Path:
-    """A tiny ACE-Cap run: three 1-layer toy agents on the toy soundscapes, rule examiner, CSV logging."""
+def game_config(run_dir: Path, world: Path, stages: list[dict], trainer: dict | None = None,
+                new_tokens: tuple[int, int, int] = (6, 10, 6), **model) -> Path:
+    """A tiny ACE-Cap run: three 1-layer toy agents on the toy soundscapes, rule examiner, CSV logging.
+    ``new_tokens``: the Captioner's, Composer's and Instruct's ``max_new_tokens``."""
     toy = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
     texts = [str(world / "texts.txt")]
 
@@ -135,7 +137,8 @@ def game_config(run_dir: Path, world: Path, stages: list[dict], trainer: dict | 
                 "val": {"manifest": str(world / "val.jsonl")},
                 "test": {"manifest": str(world / "test.jsonl")},
             },
-            "agents": {"captioner": agent("audio", 6), "composer": agent("none", 10), "instruct": agent("audio", 6)},
+            "agents": {"captioner": agent("audio", new_tokens[0]), "composer": agent("none", new_tokens[1]),
+                       "instruct": agent("audio", new_tokens[2])},
             "group_size": 2, "rollout_batch_size": 4, "minibatch_size": 3, "sft_batch_size": 2, "eval_limit": 2,
             "stages": stages,
             **model,

@@ -8,53 +8,41 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def acecap_config(run_dir: Path, world: Path) -> Path:
-    toy = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
-    texts = [str(world / "texts.txt")]
-    agent = lambda media, tokens: {  # noqa: E731
-        "toy": {"media": media, **toy}, "build_tokenizer_from": texts, "max_new_tokens": tokens, "lr": 1e-3,
-    }
-    stages = [
-        {"name": "sft_captioner", "kind": "sft", "agent": "captioner", "steps": 2},
-        {"name": "sft_instruct", "kind": "sft", "agent": "instruct", "steps": 2},
-        {"name": "sft_composer", "kind": "sft", "agent": "composer", "steps": 2},
-        {"name": "S1", "kind": "evaluate", "split": "test"},
-        {"name": "captioner_grpo", "kind": "grpo", "agent": "captioner", "steps": 1, "env": {"mode": "captioner"}},
-        {"name": "S2", "kind": "evaluate", "split": "test"},
-        {"name": "instruct_grpo", "kind": "grpo", "agent": "instruct", "steps": 1, "env": {"mode": "instruct"},
-         "harvest": {"mode": "game"}, "harvest_items": 3},
-        {"name": "S3", "kind": "evaluate", "split": "test"},
-        {"name": "composer_warmup", "kind": "grpo", "agent": "composer", "steps": 1},
-        {"name": "S4", "kind": "evaluate", "split": "test"},
-        {"name": "cycle1_instruct", "kind": "grpo", "agent": "instruct", "steps": 1, "env": {"mode": "instruct"},
-         "harvest": {"mode": "game"}, "harvest_items": 3},
-        {"name": "cycle1_composer", "kind": "grpo", "agent": "composer", "steps": 1},
-        {"name": "S5", "kind": "evaluate", "split": "test"},
-    ]
-    config = {
-        "trainer": {"accelerator": "cpu", "logger": False, "enable_progress_bar": False, "enable_model_summary": False},
-        "model": {
-            "run_dir": str(run_dir),
-            "env": {
-                "id": "agentcap/EvidenceGame-v0",
-                "kwargs": {"prompt": "compact", "budget": 2, "examiner": "rule"},
-                "train": {"manifest": str(world / "train.jsonl")},
-                "test": {"manifest": str(world / "test.jsonl")},
-            },
-            "agents": {"captioner": agent("audio", 8), "composer": agent("none", 12), "instruct": agent("audio", 8)},
-            "group_size": 2, "rollout_batch_size": 4, "minibatch_size": 16, "sft_batch_size": 2, "eval_limit": 2,
-            "stages": stages,
-        },
-    }
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / "config.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+#: Algorithm 1: SFT of every role, S1, Captioner GRPO, S2, Instruct GRPO, S3, Composer warm-up, S4, one cycle, S5.
+ALGORITHM_1 = [
+    {"name": "sft_captioner", "kind": "sft", "agent": "captioner", "steps": 2},
+    {"name": "sft_instruct", "kind": "sft", "agent": "instruct", "steps": 2},
+    {"name": "sft_composer", "kind": "sft", "agent": "composer", "steps": 2},
+    {"name": "S1", "kind": "evaluate", "split": "test"},
+    {"name": "captioner_grpo", "kind": "grpo", "agent": "captioner", "steps": 1, "env": {"mode": "captioner"}},
+    {"name": "S2", "kind": "evaluate", "split": "test"},
+    {"name": "instruct_grpo", "kind": "grpo", "agent": "instruct", "steps": 1, "env": {"mode": "instruct"},
+     "harvest": {"mode": "game"}, "harvest_items": 3},
+    {"name": "S3", "kind": "evaluate", "split": "test"},
+    {"name": "composer_warmup", "kind": "grpo", "agent": "composer", "steps": 1},
+    {"name": "S4", "kind": "evaluate", "split": "test"},
+    {"name": "cycle1_instruct", "kind": "grpo", "agent": "instruct", "steps": 1, "env": {"mode": "instruct"},
+     "harvest": {"mode": "game"}, "harvest_items": 3},
+    {"name": "cycle1_composer", "kind": "grpo", "agent": "composer", "steps": 1},
+    {"name": "S5", "kind": "evaluate", "split": "test"},
+]
+
+
+@pytest.fixture
+def acecap_config(make_game_config):
+    """The shared tiny ACE-Cap run (tests/conftest.py) with Algorithm 1's stages, no logger."""
+
+    def build(run_dir: Path, world: Path) -> Path:
+        return make_game_config(run_dir, world, ALGORITHM_1, trainer={"logger": False}, new_tokens=(8, 12, 8),
+                                minibatch_size=16)
+
+    return build
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -62,7 +50,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
                           timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def test_algorithm_1_runs_every_stage_and_captions(tmp_path, toy_soundscapes):
+def test_algorithm_1_runs_every_stage_and_captions(tmp_path, toy_soundscapes, acecap_config):
     config = acecap_config(tmp_path / "run", toy_soundscapes)
     result = run("fit", "--config", str(config))
     assert result.returncode == 0, result.stderr[-4000:]
@@ -85,7 +73,7 @@ def test_algorithm_1_runs_every_stage_and_captions(tmp_path, toy_soundscapes):
     assert "captioner/caption" in result.stdout  # the evidence trace is printed
 
 
-def test_a_run_killed_inside_an_instruct_stage_replays_the_same_harvest(tmp_path, toy_soundscapes):
+def test_a_run_killed_inside_an_instruct_stage_replays_the_same_harvest(tmp_path, toy_soundscapes, acecap_config):
     """Resuming mid-stage must not harvest again: a partly trained Instruct at another tick would give
     other histories, so the stage would train on prompts it never started with."""
     import signal

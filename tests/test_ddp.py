@@ -157,3 +157,38 @@ def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes,
         summary, weight = max_differences(runs["one"], runs[name])
         print(f"1 vs 2 processes ({name}): summary max |diff| {summary:.3g}, weights max |diff| {weight:.3g}")
         assert summary < 1e-5 and weight < 1e-5, name
+
+
+# --- held-out evaluation: one process equals two ------------------------------------------------
+def test_held_out_evaluation_in_two_processes_equals_one(tmp_path, toy_soundscapes, make_game_config):
+    """3 held-out ACE-Cap games over 2 ranks (2 + 1: nothing padded, nothing counted twice), one per
+    generate call (so rank 1 makes an empty call), sampled (each game from its own seed): the
+    per-item rows in item order, summary.json and the console table equal one process's."""
+    stages = [{"name": "held_out", "kind": "evaluate", "split": "test", "greedy": False}]
+    runs, tables = {}, {}
+    for name, extra in (("one", ()), ("two", ("--trainer.devices=2", "--trainer.strategy=grpo_ddp"))):
+        config = make_game_config(tmp_path / name, toy_soundscapes, stages, eval_limit=3, generation_batch_size=1)
+        result = fit(config, *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = tmp_path / name
+        lines = result.stdout.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("agentcap fit:"))
+        tables[name] = lines[start + 1 : -1]  # the title and the last line name the run folder
+    rows = {name: [json.loads(line) for line in (run / "eval" / "held_out.jsonl").read_text().splitlines()]
+            for name, run in runs.items()}
+    test_ids = [json.loads(line)["id"] for line in (toy_soundscapes / "test.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows["one"]] == [r["id"] for r in rows["two"]] == test_ids[:3]  # item order, once each
+    assert len({r["trace"] for r in rows["one"]}) == 3  # sampled: every game its own
+    for a, b in zip(rows["one"], rows["two"]):
+        assert a.keys() == b.keys() and {"caption", "reference", "trace", "reward", "g2p_final", "events"} <= set(a)
+        for key, value in a.items():
+            if isinstance(value, float):
+                assert abs(value - b[key]) < 1e-6, (a["id"], key, value, b[key])
+            else:
+                assert value == b[key], (a["id"], key)
+    assert sorted(p.name for p in (runs["two"] / "eval").iterdir()) == ["held_out.jsonl"]  # rank 0 alone wrote
+    s1, s2 = (json.loads((run / "summary.json").read_text())["held_out"] for run in runs.values())
+    assert s1.keys() == s2.keys() and {"reward", "g2p_final", "questions", "events"} <= set(s1)
+    for key in s1:
+        assert abs(s1[key] - s2[key]) < 1e-6, (key, s1[key], s2[key])
+    assert any(line.startswith("g2p_final") for line in tables["one"]) and tables["one"] == tables["two"]

@@ -267,3 +267,25 @@ def test_evaluate_command_on_a_predictions_file(tmp_path, toy_movie):
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode != 0 and "not in the manifest" in result.stderr and "nope" in result.stderr
+
+
+def test_evaluation_rows_and_their_means():
+    """A row per item under summary.json's names; means skip NaN and items without the value; a
+    component that would overwrite a row's own field is refused, naming it."""
+    from types import SimpleNamespace
+
+    from agentcap.evaluation.rollouts import means
+    from agentcap.evaluation.tasks import item_row
+
+    env = SimpleNamespace(items=[{"id": "c0", "caption": "a dog barks"}, {"caption": "a cat"}])
+    episode = SimpleNamespace(item=env.items[1], actions=[SimpleNamespace(agent="captioner", kind="caption", text=" a cat ")],
+                              state={})
+    score = SimpleNamespace(reward=0.5, components={"g2p": 0.5}, extras={"questions": 2, "stopped": True, "note": "x"})
+    row = item_row(env, 1, episode, score)
+    assert row == {"id": "1", "caption": "a cat", "reference": "a cat", "reward": 0.5, "g2p": 0.5,
+                   "questions": 2.0, "stopped": 1.0}  # an item without id is named by its index
+    assert means([row, {"id": "c0", "reward": float("nan"), "g2p": 1.5}]) == {
+        "reward": 0.5, "g2p": 1.0, "questions": 2.0, "stopped": 1.0}
+    assert math.isnan(means([{"reward": float("nan")}])["reward"])
+    with pytest.raises(ValueError, match=r"named \['caption'\]"):
+        item_row(env, 1, episode, SimpleNamespace(reward=0.0, components={"caption": 1.0}, extras={}))

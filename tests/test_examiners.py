@@ -15,7 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from agentcap.agents.tokenizer import build_word_tokenizer
 from agentcap.data import ManifestError
-from agentcap.judges.examiner import Examiner, LLMExaminer, Question, RuleExaminer, parse_letter
+from agentcap.judges.examiner import LETTERS, Examiner, LLMExaminer, Question, RuleExaminer, parse_letter
 from agentcap.judges.temporal import (
     LLMTemporalExaminer,
     RuleTemporalExaminer,
@@ -207,6 +207,46 @@ def test_llm_examiner_dedupes_and_runs_one_pass_per_batch(tiny):
     assert rows == [2, 1]  # 3 distinct pairs of 5, batches of at most 2, one forward pass each
     assert letters[0] == letters[1] and letters[2] == letters[4]
     assert all(letter in "ABCDE" for letter in letters)
+
+
+def test_served_examiner_asks_each_distinct_pair_once_and_scatters_back():
+    """The served examiner de-duplicates as the local one does (a question's meta does not split a
+    pair) and sends the local letters prompt's user turn."""
+    from agentcap.judges.examiner import letters_question
+    from agentcap.judges.served import ServedExaminer
+
+    class Client:  # what ServedExaminer uses of ServedClient, answering from the caption's length
+        model = "judge"
+
+        def __init__(self):
+            self.sent = []
+
+        def tokenize(self, text):
+            return [ord(text)]
+
+        def map(self, path, payloads):
+            self.sent.extend(payloads)
+            replies = []
+            for payload in payloads:
+                letter = LETTERS[len(payload["messages"][0]["content"]) % 5]
+                top = [{"token": letter, "logprob": -0.5}, {"token": " E", "logprob": -2.0}]
+                replies.append({"choices": [{"logprobs": {"content": [{"top_logprobs": top}]}}]})
+            return replies
+
+    client = Client()
+    examiner = ServedExaminer(client)
+    same_but_meta = Question(QUESTIONS[0].passage, QUESTIONS[0].options, QUESTIONS[0].answer, {"other": 1})
+    captions = [CAPTION, CAPTION, "A beep.", CAPTION, "A beep."]
+    questions = [QUESTIONS[0], same_but_meta, QUESTIONS[1], QUESTIONS[2], QUESTIONS[1]]
+    scores = examiner.letter_logits(captions, questions)
+    distinct = [(CAPTION, QUESTIONS[0]), ("A beep.", QUESTIONS[1]), (CAPTION, QUESTIONS[2])]
+    assert [p["messages"][0]["content"] for p in client.sent] == [letters_question(*pair) for pair in distinct]
+    assert scores.shape == (5, 5)
+    for row, (caption, question) in zip(scores.tolist(), zip(captions, questions)):
+        letter = LETTERS[len(letters_question(caption, question)) % 5]
+        assert row[LETTERS.index(letter)] == -0.5
+        assert row[4] == (-0.5 if letter == "E" else -2.0)
+    assert examiner.letter_logits([], []).shape == (0, 5)
 
 
 def test_shared_prefix_reads_the_instruction_once_and_each_caption_once(tiny):

@@ -71,8 +71,9 @@ def test_config_samples_captions_and_timing_are_logged(run):
     assert hparams["model"]["group_size"] == 4 and hparams["model"]["stages"][0]["name"] == "sft"
     sample = json.loads((run_dir / "samples.jsonl").read_text().splitlines()[0])
     assert {"reference", "reward", "reward/accuracy", "reward/format", "reward/length"} <= set(sample)
-    captions = [json.loads(line) for line in (run_dir / "captions" / "after.jsonl").read_text().splitlines()]
-    assert len(captions) == 4 and {"id", "caption", "reference", "reward", "reward/accuracy"} <= set(captions[0])
+    rows = [json.loads(line) for line in (run_dir / "eval" / "after.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and {"id", "caption", "reference", "context", "reward", "accuracy"} <= set(rows[0])
+    assert not (run_dir / "captions").exists()  # one per-item file per stage
     header = next(run_dir.rglob("metrics.csv")).read_text().splitlines()[0].split(",")
     for name in ("time/rollout_s", "time/update_s", "throughput/generated_tokens_per_s", "memory/peak_rss_gib"):
         assert name in header, name
@@ -104,10 +105,10 @@ def test_child_run_names():
 def test_rollout_metrics_report_the_spread_inside_groups():
     from types import SimpleNamespace
 
+    import torch
+
     from agentcap.logs import rollout_metrics
     from agentcap.rollout import RolloutBatch
-
-    import torch
 
     spans = [SimpleNamespace(kind="answer", group=g, utility=u, completion_ids=torch.zeros(1))
              for g, u in [(0, 1.0), (0, 1.0), (1, 0.0), (1, 2.0)]]
@@ -115,3 +116,20 @@ def test_rollout_metrics_report_the_spread_inside_groups():
     metrics = rollout_metrics(batch, spans, {}, "policy")
     assert metrics["utility/answer/zero_spread"] == 0.5  # group 0 teaches nothing
     assert metrics["utility/answer/group_std"] == 0.5  # mean of std 0 and std 1
+
+
+def test_captions_table_is_the_per_item_rows():
+    """Loggers with tables (W&B) get the rows of eval/<stage>.jsonl, every field a column."""
+    from agentcap.logs import log_captions
+
+    class TableLogger:
+        def log_table(self, **kwargs):
+            self.logged = kwargs
+
+    logger = TableLogger()
+    rows = [{"id": "a", "caption": "x", "reward": 0.5, "context": ["p", "q"]},
+            {"id": "b", "caption": "y", "reward": 1.0, "trace": "captioner/caption: y"}]
+    log_captions([logger, object()], "after", rows, step=3)  # a logger without tables is skipped
+    assert logger.logged["key"] == "eval/after/captions" and logger.logged["step"] == 3
+    assert logger.logged["columns"] == ["id", "caption", "reward", "context", "trace"]
+    assert logger.logged["data"] == [["a", "x", 0.5, "p | q", None], ["b", "y", 1.0, None, "captioner/caption: y"]]

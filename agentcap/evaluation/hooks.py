@@ -50,21 +50,20 @@ class EvaluationHooks:
     @torch.no_grad()
     def evaluate(self, stage: Stage) -> dict[str, float]:
         """Rollouts on a held-out split (greedy unless the stage says otherwise); every reward
-        component averaged over all ranks."""
-        captions: list[dict[str, Any]] = []
-        items: list[dict[str, Any]] = []
+        component averaged over the items of all ranks; rank 0 writes ``<run_dir>/eval/<stage>.jsonl``."""
+        rows: list[dict[str, Any]] = []
         result = evaluate_rollouts(
             self.splits.driver(stage.split, stage), self.eval_limit, self.generation_batch_size, stage.greedy,
-            self.seed * 1_000_003 + self.tick * 10_007, self.device,  # sampled: per trajectory, any split
-            captioning=self.captioning(), captions=captions, items=items,
+            self.seed * 1_000_003 + self.tick * 10_007,  # sampled: per trajectory, any split
+            captioning=self.captioning(), rows=rows,
         )
-        write_eval_items(self.run_dir, stage.name, items, *distributed.world())
         self.summary[stage.name] = result
         metrics = {f"eval/{stage.name}/{k}": v for k, v in result.items()}
         emit(self.loggers, metrics, self.tick)
-        self.log_dict(metrics, logger=False, batch_size=1)  # already synced over ranks
+        self.log_dict(metrics, logger=False, batch_size=1)  # the same on every rank (gathered rows)
         if distributed.world()[0] == 0:
-            log_captions(self.loggers, self.run_dir, stage.name, captions, self.tick)
+            write_eval_items(self.run_dir, stage.name, rows)
+            log_captions(self.loggers, stage.name, rows, self.tick)
             self.write_summary()
         return result
 

@@ -1,21 +1,22 @@
-"""Held-out evaluation: roll out a split once per item and average every reward component over ranks.
+"""Held-out evaluation: roll out a split once per item and average every reward component.
 
 Evaluations decode greedily unless the stage samples (the policy GRPO optimises), each trajectory
-from its own seed; each rank takes every ``world``-th item and the means are synced through
-torchmetrics, so N processes report what one would. With a
-:class:`~agentcap.evaluation.captioning.CaptionMetrics`, the captions of every rank are gathered
-and rank 0 adds the papers' metrics (:mod:`agentcap.evaluation.tasks`), which every rank then
-receives.
+from its own seed, which follows the item's place in the split. Each rank takes every
+``world``-th item (no padding, so no item counts twice); the per-item rows of every rank are
+gathered and put back in item order, and the means are taken over those rows, so N processes report
+what one does, row for row and in the same order. With a
+:class:`~agentcap.evaluation.captioning.CaptionMetrics`, rank 0 adds the papers' metrics
+(:mod:`agentcap.evaluation.tasks`), which every rank then receives.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
 import torch
-from torchmetrics import MeanMetric
 
 from agentcap.distributed import gather_objects, most, share, world
 from agentcap.rollout import RolloutDriver
@@ -28,25 +29,21 @@ def evaluate_rollouts(
     chunk: int,
     greedy: bool,
     seed: int,
-    device: torch.device | str = "cpu",
     captioning: Any = None,
-    captions: list[dict[str, Any]] | None = None,
-    items: list[dict[str, Any]] | None = None,
+    rows: list[dict[str, Any]] | None = None,
 ) -> dict[str, float]:
     """Means of the reward, each component and each numeric episode extra over the first ``limit``
-    items; with ``captioning``, also the papers' metrics. ``captions`` (a list) receives one row per
-    evaluated item (rank 0: every rank's): id, caption, reference, reward, components, trace.
-    ``items``, when given, receives this rank's per-item values (``id`` plus every averaged value),
-    for paired intervals and correlations over items (:mod:`agentcap.evaluation.items`)."""
-    from agentcap.evaluation.tasks import caption_row
+    items (an item lacking a value, or whose value is NaN, does not count towards that mean); with
+    ``captioning``, also the papers' metrics. ``rows`` (a list), on every rank, receives one row per
+    evaluated item in item order (:func:`agentcap.evaluation.tasks.item_row`): what
+    ``<run_dir>/eval/<stage>.jsonl`` holds."""
+    from agentcap.evaluation.tasks import item_row
 
     env = driver.scorer.unwrapped
-    rows: list[dict[str, Any]] = []
-    n = len(driver.scorer.unwrapped.items)
+    n = len(env.items)
     indices = list(range(n if limit is None else min(n, limit)))
-    rank, size = world()
     mine, positions = share(indices, "evaluation items")
-    metrics: dict[str, MeanMetric] = {}
+    local: list[tuple[int, dict[str, Any]]] = []
     chunk = max(1, chunk)
     calls = most(-(-len(mine) // chunk))  # as many rollout calls on every rank (sharded agents step together)
     for start in range(0, calls * chunk, chunk):
@@ -55,30 +52,32 @@ def evaluate_rollouts(
             part, group_size=1, greedy=greedy, seed=seed, positions=positions[start : start + chunk], old_logprobs=False
         )
         for index, episode, score in zip(part, batch.episodes, batch.scores):
-            if captioning is not None or captions is not None:
-                rows.append(caption_row(env, episode, score))
-            values: dict[str, Any] = {"reward": score.reward, **score.components}
-            values.update({k: v for k, v in score.extras.items() if isinstance(v, (int, float))})
-            for k, v in values.items():
-                metrics.setdefault(k, MeanMetric().to(device)).update(float(v))
-            if items is not None:
-                items.append({"id": str(env.items[index].get("id", index)), **values})
-    # every rank must know every name before the synced compute
-    names = sorted({k for part in gather_objects(sorted(metrics)) for k in part})
-    result = {}
-    for k in names:
-        metric = metrics.setdefault(k, MeanMetric().to(device))
-        result[k] = float(metric.compute()) if metric.update_called or size > 1 else float("nan")
-    if captioning is not None or captions is not None:
-        every = [row for part in gather_objects(rows) for row in part]
-        if captions is not None and rank == 0:
-            captions.extend(every)
-        if captioning is not None:
-            from agentcap.evaluation.tasks import task_metrics
+            local.append((index, item_row(env, index, episode, score)))
+    every = sorted((pair for part in gather_objects(local) for pair in part), key=lambda pair: pair[0])
+    ordered = [row for _, row in every]
+    result = means(ordered)
+    if captioning is not None:
+        from agentcap.evaluation.tasks import task_metrics
 
-            by_id = {str(item["id"]): item for item in env.items}
-            papers = task_metrics(env, [by_id[r["id"]] for r in every], every, captioning) if rank == 0 else None
-            result.update(gather_objects(papers)[0])
+        papers = task_metrics(env, [env.items[i] for i, _ in every], ordered, captioning) if world()[0] == 0 else None
+        result.update(gather_objects(papers)[0])
+    if rows is not None:
+        rows.extend(ordered)
+    return result
+
+
+def means(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The mean of every numeric field over the rows that carry it (NaN values left out; NaN when
+    none is left), summed in row order, so the figure does not depend on how items were split."""
+    values: dict[str, list[float]] = {}
+    for row in rows:
+        for k, v in row.items():
+            if isinstance(v, float):  # item_row stores every averaged value as a float
+                values.setdefault(k, []).append(v)
+    result = {}
+    for k in sorted(values):
+        kept = [v for v in values[k] if not math.isnan(v)]
+        result[k] = sum(kept) / len(kept) if kept else float("nan")
     return result
 
 

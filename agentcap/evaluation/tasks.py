@@ -46,16 +46,28 @@ def caption_text(env: Any, text: str) -> str:
     return extract(text) if extract is not None else text.strip()
 
 
-def caption_row(env: Any, episode: Any, score: Any) -> dict[str, Any]:
-    """One evaluated episode as a row of the captions table (and of ``task_metrics``' input)."""
+#: The fields of an evaluation row that are not averaged values.
+ROW_TEXT_FIELDS = ("id", "caption", "reference", "context", "trace")
+
+
+def item_row(env: Any, index: int, episode: Any, score: Any) -> dict[str, Any]:
+    """One evaluated item (``env.items[index]``) as a row of ``<run_dir>/eval/<stage>.jsonl``, of
+    the captions table and of ``task_metrics``' input: id, caption, reference, the reward, each
+    component and each numeric episode extra under its ``summary.json`` name (as floats), READ's
+    context and ACE-Cap's evidence trace."""
+    values = {**score.components, **{k: v for k, v in score.extras.items() if isinstance(v, (int, float))}}
+    clash = sorted(set(values) & set(ROW_TEXT_FIELDS))
+    if clash:
+        raise ValueError(f"{type(env).__name__}: reward component or episode extra named {clash}; "
+                         f"{list(ROW_TEXT_FIELDS)} name an evaluation row's own fields, rename it")
     item = episode.item
     response = episode.actions[-1].text if episode.actions else ""
     row: dict[str, Any] = {
-        "id": str(item.get("id")),
+        "id": str(env.items[index].get("id", index)),
         "caption": caption_text(env, response),
         "reference": item.get(reference_field(env)),
         "reward": float(score.reward),
-        **{f"reward/{k}": float(v) for k, v in score.components.items()},
+        **{k: float(v) for k, v in values.items()},
     }
     if "context" in episode.state:
         row["context"] = list(episode.state["context"])

@@ -330,6 +330,23 @@ def _unique(keys: Sequence[Any]) -> tuple[list[Any], list[int]]:
     return list(index), inverse
 
 
+def distinct_pairs(
+    captions: Sequence[str], questions: Sequence[Question]
+) -> tuple[list[tuple[str, Question]], torch.Tensor]:
+    """The distinct (caption, question) pairs in first-seen order, and for each input pair the index
+    of its distinct pair: a letter examiner asks each distinct pair once. A question's ``meta`` never
+    reaches the prompt, so it does not split otherwise identical pairs."""
+    keys = [(c, q.passage, q.options) for c, q in zip(captions, questions)]
+    distinct, inverse = _unique(keys)
+    pair_of = dict(zip(keys, zip(captions, questions)))
+    return [pair_of[key] for key in distinct], torch.tensor(inverse, dtype=torch.long)
+
+
+def letters_question(caption: str, question: Question) -> str:
+    """The user turn of the letters readout: instruction, caption, question with options A–E."""
+    return f"{INSTRUCTION}\n\nCaption: {caption}\n\nQuestion: {question.prompt_text()}"
+
+
 _LETTER_IN_TEXT = re.compile(r"(?<![A-Za-z])([A-E])(?![A-Za-z])")
 
 
@@ -409,8 +426,7 @@ class LLMExaminer(CausalLMJudge):
 
     # --- letters -------------------------------------------------------------------------------
     def prompt(self, caption: str, question: Question) -> str:
-        user = f"{INSTRUCTION}\n\nCaption: {caption}\n\nQuestion: {question.prompt_text()}"
-        return self.render(user)
+        return self.render(letters_question(caption, question))
 
     def find_letter_ids(self, prompt: str) -> list[int]:
         base = self.encode([prompt])[0]
@@ -437,26 +453,23 @@ class LLMExaminer(CausalLMJudge):
         _check_pairs(captions, questions, "questions")
         if not captions:
             return torch.zeros((0, 5))
-        # meta never reaches the prompt, so it does not split otherwise identical pairs
-        keys = [(c, q.passage, q.options) for c, q in zip(captions, questions)]
-        distinct, inverse = _unique(keys)
-        pair_of = dict(zip(keys, zip(captions, questions)))
-        prompts = [self.prompt(*pair_of[key]) for key in distinct]
+        pairs, inverse = distinct_pairs(captions, questions)
+        prompts = [self.prompt(*pair) for pair in pairs]
         if self.letter_ids is None:
             self.letter_ids = self.find_letter_ids(prompts[0])
         letter_ids = torch.tensor(self.letter_ids, device=self.device)
         ids = self.encode(prompts)
         if self.share_prefix:  # each caption (and the instruction) read once for all its questions
             reader = PrefixReader(self.model, self.pad_id, self.batch_size)
-            captions_of = _unique([key[0] for key in distinct])[1]
-            return reader.last_logits(ids, captions_of, self.letter_ids)[torch.tensor(inverse)]
-        scores = torch.empty((len(distinct), 5), dtype=torch.float32)
+            captions_of = _unique([caption for caption, _ in pairs])[1]
+            return reader.last_logits(ids, captions_of, self.letter_ids)[inverse]
+        scores = torch.empty((len(pairs), 5), dtype=torch.float32)
         for group in self.batches(ids):  # one forward pass per batch
             batch = self.batch_tensors([ids[i] for i in group])
             positions = (batch["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)
             logits = self.model(**batch, position_ids=positions, logits_to_keep=1).logits  # [B, 1, V]
             scores[group] = logits[:, -1, letter_ids].float().cpu()
-        return scores[torch.tensor(inverse)]
+        return scores[inverse]
 
     # --- options ---------------------------------------------------------------------------------
     @staticmethod

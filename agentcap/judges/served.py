@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from agentcap.judges.examiner import INSTRUCTION, LETTERS, Question, _check_pairs, _unique
+from agentcap.judges.examiner import LETTERS, Question, _check_pairs, distinct_pairs, letters_question
 
 
 class JudgeUnavailable(RuntimeError):
@@ -101,7 +101,7 @@ def letter_token_ids(tokenize) -> list[int]:
 
 
 def _examiner_messages(caption: str, question: Question) -> list[dict[str, str]]:
-    return [{"role": "user", "content": f"{INSTRUCTION}\n\nCaption: {caption}\n\nQuestion: {question.prompt_text()}"}]
+    return [{"role": "user", "content": letters_question(caption, question)}]
 
 
 def _letter_scores(top: Sequence[tuple[str, float]], chosen: str | None) -> list[float]:
@@ -128,11 +128,8 @@ class _LetterExaminer:
         _check_pairs(captions, questions, "questions")
         if not captions:
             return torch.zeros((0, 5))
-        keys = [(c, q.passage, q.options) for c, q in zip(captions, questions)]
-        distinct, inverse = _unique(keys)
-        pair_of = dict(zip(keys, zip(captions, questions)))
-        scores = self._read([_examiner_messages(*pair_of[k]) for k in distinct])
-        return scores[torch.tensor(inverse)]
+        pairs, inverse = distinct_pairs(captions, questions)
+        return self._read([_examiner_messages(*pair) for pair in pairs])[inverse]
 
 
 class ServedExaminer(_LetterExaminer):
