@@ -63,10 +63,12 @@ def assert_same_samples(out: dict[bool, tuple]) -> None:
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama", "gpt2"])
 def test_shared_prefill_samples_what_the_plain_prefill_samples(kind):
-    """Left-padded prompts of two lengths, G copies each: positions must follow the mask."""
+    """Left-padded prompts of two lengths, G copies each, and one prompt alone (a later turn whose
+    rollouts diverged): positions must follow the mask."""
     agent = tiny_agent(kind, max_new_tokens=8, temperature=1.0)
     assert agent.share_prompts  # on by default
-    obs = grouped(text_items())
+    alone = {"agent": "policy", "messages": [{"role": "user", "content": "caption : a dog barks ."}], "media": {}}
+    obs = grouped(text_items()) + [alone]
     inputs = agent.encode(obs)
     assert (inputs["attention_mask"][:, 0] == 0).any(), "prompts should differ in length (left padding)"
     assert_same_samples(run_both(agent, obs, agent.model.get_input_embeddings()))
