@@ -54,6 +54,8 @@ class AgentConfig:
             need ``peft``); this role then names no model of its own, or the same one.
         gradient_checkpointing: recompute each layer's activations in the backward pass (less
             memory, about one more forward); dropout stays off.
+        share_prompts: HF backend: prefill a prompt that repeats in a batch (an item's G rollouts)
+            once and copy its KV cache to the rows that repeat it; off gives the plain prefill.
     """
 
     model: str | None = None
@@ -74,6 +76,7 @@ class AgentConfig:
     peft: LoraSpec | None = None
     share_base_with: str | None = None
     gradient_checkpointing: bool = False
+    share_prompts: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.vllm, dict):
@@ -111,6 +114,7 @@ class Agent(nn.Module):
         top_p: float = 1.0,
         lr: float = 1e-5,
         adapters: Adapters | None = None,
+        share_prompts: bool = True,
     ):
         super().__init__()
         self.name = name
@@ -122,6 +126,7 @@ class Agent(nn.Module):
         self.temperature = temperature
         self.top_p = top_p
         self.lr = lr
+        self.share_prompts = share_prompts  # HF backend: one prefill per distinct prompt of a batch
         self.trainable = False
         self.adapters = adapters  # LoRA: only the adapter trains, the checkpoint holds only it
         # parameters the model itself keeps fixed (e.g. sinusoidal audio positions) stay fixed
@@ -376,6 +381,7 @@ def build_agent(
         top_p=config.top_p,
         lr=config.lr,
         adapters=None if config.peft is None else attach_adapter(model, name, config.peft),
+        share_prompts=config.share_prompts,
     )
     if config.backend != "hf":
         agent.use_backend(config.backend, config.vllm, config.model)
@@ -425,6 +431,7 @@ def _share_base(name: str, config: AgentConfig, configs: dict[str, AgentConfig],
         top_p=config.top_p,
         lr=config.lr,
         adapters=attach_adapter(base.model, name, config.peft, share=base.adapters),
+        share_prompts=config.share_prompts,
     )
     agent.family = copy.copy(base.family)  # keeps family settings (frames_as…) of the same model
     return agent

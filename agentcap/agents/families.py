@@ -76,6 +76,14 @@ class Family:
         out = self.model.generate(**inputs, **kwargs)
         return out[:, inputs["input_ids"].shape[1] :]
 
+    def prompt_cache(self, inputs: dict[str, Any]):
+        """The KV cache of the batch's prompts (all but the last token), each distinct prompt
+        computed once, for ``generate(past_key_values=…)``; None when no prompt repeats or the
+        model's cache cannot be shared (``backends.prefix``)."""
+        from agentcap.agents.backends.prefix import shared_prompt_cache
+
+        return shared_prompt_cache(self.model, inputs["attention_mask"], input_ids=inputs["input_ids"])
+
     # --- scoring ------------------------------------------------------------------------------
     def sequence_inputs(
         self, inputs: dict[str, Any], completion: torch.Tensor, completion_mask: torch.Tensor
@@ -122,6 +130,9 @@ class ToyFamily(Family):
     def generate(self, inputs: dict[str, Any], **kwargs) -> torch.Tensor:
         # generating from inputs_embeds returns only the new tokens
         return self.model.generate(inputs["input_ids"], inputs["attention_mask"], inputs["media"], **kwargs)
+
+    def prompt_cache(self, inputs: dict[str, Any]):
+        return self.model.prompt_cache(inputs["input_ids"], inputs["attention_mask"], inputs["media"])
 
     def logits(self, inputs: dict[str, Any], completion: torch.Tensor, completion_mask: torch.Tensor):
         ids = torch.cat([inputs["input_ids"], completion], dim=1)
@@ -173,6 +184,13 @@ class ProcessorFamily(Family):
         if self.media_token_ids:
             kwargs.setdefault("suppress_tokens", self.media_token_ids)
         return super().generate(inputs, **kwargs)
+
+    def prompt_cache(self, inputs: dict[str, Any]):
+        """Not shared: the media features (``pixel_values_videos``, ``input_features``…) enter the
+        embeddings inside the model's prefill, and the M-RoPE models keep the rope offsets that
+        prefill computes; a cache made outside ``generate`` would leave its first step to merge
+        the media into the last prompt token alone."""
+        return None
 
     def placeholder(self, observation: Observation) -> str:
         raise NotImplementedError

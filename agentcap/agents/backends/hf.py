@@ -27,7 +27,8 @@ class HFBackend:
     ) -> list[Sampled]:
         """With ``seeds`` (one per row) each row samples from its own generator
         (:class:`~agentcap.agents.sampling.RowSampler`), so its tokens do not depend on its batch or
-        rank; without, from the global RNG."""
+        rank; without, from the global RNG. Repeated prompts (an item's G rollouts) are prefilled
+        once when the agent's ``share_prompts`` is on (:mod:`agentcap.agents.backends.prefix`)."""
         from agentcap.agents.agent import trim_after_eos
         from agentcap.agents.sampling import RowSampler
         from agentcap.sharding import synced_generation
@@ -45,6 +46,10 @@ class HFBackend:
             kwargs.update(temperature=agent.temperature, top_p=agent.top_p, top_k=0)
         elif not greedy:
             kwargs.update(logits_processor=[RowSampler(seeds, agent.temperature, agent.top_p)])
+        if agent.share_prompts and not kwargs.get("synced_gpus"):
+            cache = agent.family.prompt_cache(inputs)  # the G copies of a prompt prefilled once
+            if cache is not None:
+                kwargs["past_key_values"] = cache
         new = agent.family.generate(inputs, **kwargs)  # [N, T]
         completion, mask = trim_after_eos(new, agent.eos_ids, agent.tokenizer.pad_token_id)
         return [Sampled(completion[i, : int(mask[i].sum())].cpu(), None) for i in range(completion.shape[0])]
