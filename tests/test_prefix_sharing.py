@@ -1,5 +1,6 @@
-"""An item's G rollouts share one prefill (``agentcap.agents.backends.prefix``) and sample exactly
-what the plain prefill samples: seeded and greedy tokens, and the learner's log-probs after."""
+"""An item's G rollouts share one prefill (``agentcap.agents.prefix``) and sample exactly
+what the plain prefill samples: seeded and greedy tokens, and the learner's log-probs after; the
+learner's own forward encodes a repeated prompt once too, with the same loss and gradients."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from agentcap.agents import AgentConfig, build_agent, tiny_agent
-from agentcap.agents.backends.prefix import repeated_rows, shared_prompt_cache
+from agentcap.agents.prefix import repeated_rows, shared_prompt_cache
 
 G = 3
 PROMPTS = ["describe the clip .", "what happens ? describe the sound of the clip , the man and the woman ."]
@@ -56,8 +57,8 @@ def assert_same_samples(out: dict[bool, tuple]) -> None:
     shared, plain = out[True], out[False]
     assert shared[0] == plain[0], "seeded sampling changed"
     assert shared[1] == plain[1], "greedy decoding changed"
-    for a, b in zip(shared[2], plain[2]):
-        assert torch.equal(a, b)
+    for a, b in zip(shared[2], plain[2]):  # the learner shares the prompt too: equal to float rounding
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert shared[3] < plain[3], f"no prefill was shared ({shared[3]} tokens computed vs {plain[3]})"
 
 
@@ -108,3 +109,46 @@ def test_no_sharing_where_it_does_not_apply():
     assert agent.family.prompt_cache(distinct) is None
     agent.model.generation_config.cache_implementation = "static"  # the model's own cache: left alone
     assert agent.family.prompt_cache(repeated) is None
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gpt2"])
+def test_the_learner_encodes_a_repeated_prompt_once_with_the_same_loss_and_gradients(kind):
+    """The update's forward continues every row from its prompt's shared, differentiable cache:
+    log-probs and gradients equal the plain forward's to float rounding, with fewer positions run."""
+    from agentcap.agents.agent import pad_right
+
+    agent = tiny_agent(kind, max_new_tokens=6, temperature=1.0)
+    agent.set_trainable(True)
+    obs = grouped(text_items())
+    gens = agent.generate(obs, seeds=list(range(len(obs))), old_logprobs=False)
+    completion, mask = pad_right([g.completion_ids for g in gens], agent.tokenizer.pad_token_id)
+    inputs = agent.encode(obs)
+    computed: list[int] = []
+    hook = agent.model.get_input_embeddings().register_forward_hook(lambda m, a, out: computed.append(out.shape[0] * out.shape[1]))
+    results = {}
+    for share in (True, False):
+        agent.share_prompts = share
+        agent.model.zero_grad()
+        computed.clear()
+        logprobs = agent.completion_logprobs(inputs, completion, mask)
+        (-(logprobs * torch.linspace(0.5, 1.5, len(obs))[:, None]).sum()).backward()
+        results[share] = (logprobs.detach(), {n: p.grad.clone() for n, p in agent.model.named_parameters()}, sum(computed))
+    hook.remove()
+    (shared, shared_grads, shared_tokens), (plain, plain_grads, plain_tokens) = results[True], results[False]
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert shared_tokens < plain_tokens
+
+
+def test_the_learner_does_not_share_under_gradient_checkpointing():
+    from agentcap.agents.checkpointing import enable_gradient_checkpointing
+
+    agent = tiny_agent("qwen2", max_new_tokens=4)
+    enable_gradient_checkpointing(agent.model)
+    inputs = agent.encode(grouped(text_items()))
+    completion = torch.ones(inputs["input_ids"].shape[0], 2, dtype=torch.long)
+    calls = []
+    agent.family.prompt_cache = lambda inputs: calls.append(1)
+    agent.completion_logprobs(inputs, completion, torch.ones_like(completion))
+    assert not calls

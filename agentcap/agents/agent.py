@@ -249,14 +249,14 @@ class Agent(nn.Module):
             model = self.family.model  # the live policy, or a KL reference swapped in (agents.reference)
             head = plain_head(model)
             if head is None:
-                logits = self.family.logits(inputs, completion, mask).float() / temperature
+                logits = self.family.logits(inputs, completion, mask, self.share_prompts).float() / temperature
                 logprobs, entropy = logits_logprobs(logits, completion, with_entropy)
                 logprobs = logprobs * mask
                 return (logprobs, entropy * mask) if with_entropy else logprobs
             # the head applied chunk-wise to the completion tokens only: no [N, T, V] tensor survives
             path, linear = head
             with head_removed(model, path):
-                hidden = self.family.logits(inputs, completion, mask)  # [N, T, H]
+                hidden = self.family.logits(inputs, completion, mask, self.share_prompts)  # [N, T, H]
             keep = mask.bool()
             chosen, entropy_kept = chosen_logprobs(hidden[keep], linear.weight, completion[keep], temperature)
             logprobs = chosen.new_zeros(completion.shape).masked_scatter(keep, chosen)

@@ -59,3 +59,8 @@ def _checkpointed_forward(layer: nn.Module, *args, **kwargs):
     if torch.is_grad_enabled():
         return checkpoint(plain, *args, use_reentrant=False, **kwargs)
     return plain(*args, **kwargs)
+
+
+def is_checkpointed(model: nn.Module) -> bool:
+    """Whether some layer of ``model`` runs under :func:`enable_gradient_checkpointing`."""
+    return any(getattr(m.forward, "__func__", None) is _checkpointed_forward for m in model.modules())

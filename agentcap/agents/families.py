@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentcap.agents.checkpointing import is_checkpointed
+
 Observation = dict[str, Any]
 
 #: Per-token model inputs that grow with the sequence: completion tokens are text (type 0).
@@ -79,8 +81,8 @@ class Family:
     def prompt_cache(self, inputs: dict[str, Any]):
         """The KV cache of the batch's prompts (all but the last token), each distinct prompt
         computed once, for ``generate(past_key_values=…)``; None when no prompt repeats or the
-        model's cache cannot be shared (``backends.prefix``)."""
-        from agentcap.agents.backends.prefix import shared_prompt_cache
+        model's cache cannot be shared (``agents.prefix``)."""
+        from agentcap.agents.prefix import shared_prompt_cache
 
         return shared_prompt_cache(self.model, inputs["attention_mask"], input_ids=inputs["input_ids"])
 
@@ -105,13 +107,22 @@ class Family:
         mask = full["attention_mask"]
         return (mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
-    def logits(self, inputs: dict[str, Any], completion: torch.Tensor, completion_mask: torch.Tensor):
-        """Logits predicting each completion token: [N, T, V]."""
+    def logits(
+        self, inputs: dict[str, Any], completion: torch.Tensor, completion_mask: torch.Tensor, share_prompts: bool = False
+    ):
+        """Logits predicting each completion token: [N, T, V]. With ``share_prompts`` a prompt that
+        repeats over rows is encoded once, with gradients, and its rows continue from its cache."""
         full = self.sequence_inputs(inputs, completion, completion_mask)
         t = completion.shape[1]
         if "logits_to_keep" in self._forward_params:
             full["logits_to_keep"] = t + 1  # the prompt's logits are never needed: saves [N, P, V]
-        if "use_cache" in self._forward_params:
+        # a checkpointed layer's recompute would append to the cache a second time
+        cache = self.prompt_cache(inputs) if share_prompts and not is_checkpointed(self.model) else None
+        if cache is not None:
+            p = inputs["input_ids"].shape[1]
+            rest = {k: v[:, p - 1 :] for k, v in full.items() if k in ("input_ids", "position_ids", *PER_TOKEN_KEYS)}
+            full.update(rest, past_key_values=cache, use_cache=True)
+        elif "use_cache" in self._forward_params:
             full["use_cache"] = False
         logits = self.model(**full).logits
         return logits[:, -(t + 1) : -1]
@@ -134,7 +145,7 @@ class ToyFamily(Family):
     def prompt_cache(self, inputs: dict[str, Any]):
         return self.model.prompt_cache(inputs["input_ids"], inputs["attention_mask"], inputs["media"])
 
-    def logits(self, inputs: dict[str, Any], completion: torch.Tensor, completion_mask: torch.Tensor):
+    def logits(self, inputs: dict[str, Any], completion: torch.Tensor, completion_mask: torch.Tensor, share_prompts=False):
         ids = torch.cat([inputs["input_ids"], completion], dim=1)
         mask = torch.cat([inputs["attention_mask"], completion_mask], dim=1)
         logits = self.model(ids, mask, inputs["media"])

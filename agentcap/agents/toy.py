@@ -160,8 +160,8 @@ class ToyMediaLM(nn.Module):
     @torch.no_grad()
     def prompt_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: list[dict]):
         """The LM's KV cache of each distinct laid-out prompt (same media, same tokens), computed once,
-        for ``generate(..., past_key_values=…)`` (``agentcap.agents.backends.prefix``)."""
-        from agentcap.agents.backends.prefix import shared_prompt_cache
+        for ``generate(..., past_key_values=…)`` (``agentcap.agents.prefix``)."""
+        from agentcap.agents.prefix import shared_prompt_cache
 
         embeds, mask, _ = self._layout(input_ids, attention_mask, media)
         return shared_prompt_cache(self.lm, mask, inputs_embeds=embeds)

@@ -28,7 +28,7 @@ class HFBackend:
         """With ``seeds`` (one per row) each row samples from its own generator
         (:class:`~agentcap.agents.sampling.RowSampler`), so its tokens do not depend on its batch or
         rank; without, from the global RNG. Repeated prompts (an item's G rollouts) are prefilled
-        once when the agent's ``share_prompts`` is on (:mod:`agentcap.agents.backends.prefix`)."""
+        once when the agent's ``share_prompts`` is on (:mod:`agentcap.agents.prefix`)."""
         from agentcap.agents.agent import trim_after_eos
         from agentcap.agents.sampling import RowSampler
         from agentcap.sharding import synced_generation
