@@ -64,7 +64,7 @@ from agentcap.replay import Replay
 from agentcap.resume import ResumeHooks
 from agentcap.rollout import Span
 from agentcap.schedule import Schedule, Stage
-from agentcap.sharding import is_sharded, load_optimizer_state, shard_agents
+from agentcap.sharding import is_sharded, load_model_state, load_optimizer_state, shard_agents
 from agentcap.splits import EnvSpec, Splits
 
 __all__ = ["EnvSpec", "GRPOModule"]
@@ -178,13 +178,19 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         self._optimizer: torch.optim.Optimizer | None = None
         self._scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         self._reference: Any = None
+        self._mirrors: dict[str, Any] = {}  # sharded agents' frozen copies for their KL reference
 
     # --- Lightning plumbing -------------------------------------------------------------------
     def configure_model(self) -> None:
         """Under ``grpo_fsdp`` every agent is sharded on its own (``agentcap.sharding``)."""
         mesh = getattr(self, "_device_mesh", None)
         if mesh is not None:
-            shard_agents(self.agents, mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh)
+            # full fine-tunes with a KL reference get a sharded frozen copy now (agents.reference)
+            kl = {s.agent for s in self.schedule.stages if s.kind == "grpo"} if self.beta > 0 else set()
+            mirrored = {name for name in kl if self.agents[name].adapters is None}
+            self._mirrors.update(shard_agents(
+                self.agents, mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh, mirrored
+            ))
             if distributed.world()[0] == 0:
                 print(f"agentcap: sharded {', '.join(self.agents)} with FSDP2 over {mesh.size()} processes", file=sys.stderr)
 
@@ -232,7 +238,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             self._optimizer = build_optimizer(agent, lr, self.weight_decay)
             self._scheduler = build_scheduler(self._optimizer, stage)
             if stage.kind == "grpo" and self.beta > 0:
-                self._reference = kl_reference(agent)
+                self._reference = kl_reference(agent, self._mirrors.get(agent.name))
         restored = self.restored_for(index)
         if restored is not None:
             if self._optimizer is not None and restored.get("optimizer"):
@@ -240,7 +246,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             if self._scheduler is not None and restored.get("scheduler"):
                 self._scheduler.load_state_dict(restored["scheduler"])
             if self._reference is not None and restored.get("reference"):
-                self._reference.model.load_state_dict(restored["reference"])
+                load_model_state(self._reference.model, restored["reference"])
         self._stage_index = index
         with_grad = {a.name for a in self.agents.values() if a.trainable_parameters()}
         assert len(with_grad) <= 1, f"several agents have gradients: {sorted(with_grad)}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentcap.sharding import optimizer_state
+from agentcap.sharding import model_state, optimizer_state
 
 
 class ResumeHooks:
@@ -27,7 +27,7 @@ class ResumeHooks:
             "optimizer": None if self._optimizer is None else optimizer_state(self._trainable(), self._optimizer),
             "scheduler": None if self._scheduler is None else self._scheduler.state_dict(),
             # a LoRA agent's reference is its own base (no state); a full fine-tune's is a copy
-            "reference": None if getattr(self._reference, "model", None) is None else self._reference.model.state_dict(),
+            "reference": None if getattr(self._reference, "model", None) is None else model_state(self._reference.model),
             "replay": self.replay.state(active),
         }
 

@@ -22,7 +22,8 @@ Not sharded: the judges inside environments (examiner, coherence scorer), which 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import copy
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -46,31 +47,66 @@ def block_classes(model: nn.Module) -> set[str]:
     return names
 
 
-def shard_agents(agents: Mapping[str, nn.Module], mesh) -> None:
-    """``fully_shard`` every agent's blocks, then its model; the weights are rank 0's."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+def shard_agents(agents: Mapping[str, nn.Module], mesh, mirrored: Iterable[str] = ()) -> dict[str, nn.Module]:
+    """``fully_shard`` every agent's blocks, then its model; the weights are rank 0's.
+
+    Agents named in ``mirrored`` (full fine-tunes with a KL reference) also get a frozen copy,
+    sharded alike and returned by name: an FSDP module cannot be deep-copied once sharded, and a
+    copy sharded like the policy takes the policy's weights shard by shard, with no communication
+    (:meth:`agentcap.agents.reference.Reference`)."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
     from transformers import PreTrainedModel
 
-    for agent in agents.values():
+    mirrors: dict[str, nn.Module] = {}
+    for name, agent in agents.items():
         model = agent.model
         if is_sharded(model):
             continue  # configure_model runs again for validate / test after fit
         if world()[1] > 1:
             for tensor in list(model.parameters()) + list(model.buffers()):
                 dist.broadcast(tensor.data, src=0)  # one init for all: a shard is a slice of rank 0's tensor
-        blocks = block_classes(model)
-        for module in list(model.modules()):
-            if type(module).__name__ in blocks:
-                fully_shard(module, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        if name in mirrored:
+            mirrors[name] = _shard(copy.deepcopy(model).eval().requires_grad_(False), mesh)
+        _shard(model, mesh)
         if not isinstance(model, PreTrainedModel) and hasattr(model, "generate"):
             register_fsdp_forward_method(model, "generate")  # e.g. the toy LM's own generate
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                # a sum, not a mean: the loss is already divided by the global token count (gloo has
-                # no pre-multiplied sum, so the sum is forced)
-                module.set_gradient_divide_factor(1.0)
-                module.set_force_sum_reduction_for_comms(True)
+    return mirrors
+
+
+def _shard(model: nn.Module, mesh) -> nn.Module:
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    blocks = block_classes(model)
+    for module in list(model.modules()):
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # a sum, not a mean: the loss is already divided by the global token count (gloo has
+            # no pre-multiplied sum, so the sum is forced)
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def model_state(model: nn.Module) -> dict[str, Any]:
+    """``model``'s weights for a checkpoint: full tensors on the CPU when sharded (a collective)."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_model_state(model: nn.Module, state: dict[str, Any]) -> None:
+    """Inverse of :func:`model_state`: every process reads the full weights and keeps its shard."""
+    if not is_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
 
 
 def needs_gradient_all_reduce(agent: nn.Module) -> bool:

@@ -136,7 +136,8 @@ def max_differences(one: Path, two: Path, load=weights) -> tuple[float, float]:
 
 
 def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes, make_game_config):
-    """1 process, 2 under grpo_ddp and 2 sharded (grpo_fsdp, also in micro-batches of one row):
+    """1 process, 2 under grpo_ddp and 2 sharded (grpo_fsdp, also in micro-batches of one row), each
+    with a KL reference (full fine-tune, beta > 0):
     same summary.json, same weights."""
     runs = {}
     for name, extra in (
@@ -147,7 +148,7 @@ def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes,
         # sharded forward is a collective, so the short rank must run stand-in passes (else: a hang)
         ("fsdp_micro", ("--trainer.devices=2", "--trainer.strategy=grpo_fsdp", "--model.micro_batch_size=1")),
     ):
-        config = make_game_config(tmp_path / name, toy_soundscapes, SCHEDULE)
+        config = make_game_config(tmp_path / name, toy_soundscapes, SCHEDULE, beta=0.05)  # with a KL reference
         result = fit(config, *extra)
         assert result.returncode == 0, result.stderr[-3000:]
         runs[name] = tmp_path / name

@@ -16,11 +16,23 @@ from agentcap.agents.agent import Agent
 
 
 class Reference(torch.nn.Module):
-    """A frozen copy of an agent's model, scored through the agent's own family (same encoding)."""
+    """A frozen copy of an agent's model, scored through the agent's own family (same encoding).
 
-    def __init__(self, agent: Agent):
+    A sharded agent cannot be deep-copied: it brings ``mirror``, a frozen copy sharded alike when
+    the agents were sharded (``agentcap.sharding.shard_agents``), which takes the policy's current
+    weights here, each process its own shards."""
+
+    def __init__(self, agent: Agent, mirror: torch.nn.Module | None = None):
         super().__init__()
-        self.model = copy.deepcopy(agent.model).eval().requires_grad_(False)
+        if mirror is None:
+            self.model = copy.deepcopy(agent.model).eval().requires_grad_(False)
+            return
+        live = dict(agent.model.named_parameters())
+        mirror.to(next(iter(live.values())).device)  # built before the strategy placed the policy
+        with torch.no_grad():
+            for name, param in mirror.named_parameters():
+                param.copy_(live[name])  # DTensor to DTensor of the same placement: local
+        self.model = mirror
 
     @torch.no_grad()
     def completion_logprobs(self, agent: Agent, inputs: dict[str, Any], completion, mask) -> torch.Tensor:
@@ -47,5 +59,5 @@ class AdaptersDisabled:
             return agent.completion_logprobs(inputs, completion, mask)
 
 
-def kl_reference(agent: Agent) -> Reference | AdaptersDisabled:
-    return AdaptersDisabled(agent) if agent.adapters is not None else Reference(agent)
+def kl_reference(agent: Agent, mirror: torch.nn.Module | None = None) -> Reference | AdaptersDisabled:
+    return AdaptersDisabled(agent) if agent.adapters is not None else Reference(agent, mirror)
