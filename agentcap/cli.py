@@ -241,7 +241,28 @@ def _changed_keys(saved_path: str, current: dict[str, Any]) -> list[str]:
         saved = yaml.safe_load(handle) or {}
     old = _flatten({k: saved.get(k) for k in RESUME_KEYS})
     new = _flatten({k: current.get(k) for k in RESUME_KEYS})
-    return [f"--{k}: {old.get(k)!r} → {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    # config.yaml holds every setting, so one it lacks came with a newer agentcap: at its default, no change
+    keys = [k for k in keys if k in old or not _added_at_default(k, new.get(k))]
+    return [f"--{k}: {old.get(k)!r} → {new.get(k)!r}" for k in keys]
+
+
+def _added_at_default(key: str, value: Any) -> bool:
+    """Whether ``key`` names a typed setting (a module argument or an agent field) now at its default."""
+    import dataclasses
+    import inspect
+
+    from agentcap.agents.agent import AgentConfig
+    from agentcap.module import GRPOModule
+
+    parts = key.split(".")
+    if len(parts) == 4 and parts[:2] == ["model", "agents"]:
+        field = {f.name: f for f in dataclasses.fields(AgentConfig)}.get(parts[3])
+        return field is not None and field.default is not dataclasses.MISSING and field.default == value
+    if len(parts) == 2 and parts[0] == "model":
+        param = inspect.signature(GRPOModule.__init__).parameters.get(parts[1])
+        return param is not None and param.default is not inspect.Parameter.empty and param.default == value
+    return False
 
 
 def _move_aside(run_dir: str) -> None:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from agentcap.callbacks import SampleTable, TickCheckpoint, checkpoints, latest_checkpoint
 from agentcap.cli import main
@@ -140,3 +141,20 @@ def test_samples_written_after_the_checkpoint_are_dropped_on_resume(tmp_path):
     module = SimpleNamespace(run_dir=str(tmp_path), tick=2)  # resumed from a checkpoint taken after tick 1
     SampleTable().on_train_start(SimpleNamespace(is_global_zero=True), module)
     assert [json.loads(line)["tick"] for line in path.read_text().splitlines()] == [0, 0, 1]
+
+
+def test_a_setting_added_by_a_newer_agentcap_is_no_change_at_its_default(tmp_path):
+    """config.yaml holds every setting; one it lacks came with a newer agentcap and must not refuse
+    the resume while it sits at its default. A free-form key it lacks (an env kwarg) still counts."""
+    from agentcap.cli import _changed_keys
+
+    saved = {"model": {"group_size": 4, "agents": {"policy": {"lr": 1e-3}}, "env": {"kwargs": {"budget": 2}}}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(saved))
+    now = {"model": {"group_size": 4, "agents": {"policy": {"lr": 1e-3, "share_prompts": True}},
+                     "env": {"kwargs": {"budget": 2}}}}
+    assert _changed_keys(str(path), now) == []
+    now["model"]["agents"]["policy"]["share_prompts"] = False  # not the default: a change
+    now["model"]["env"]["kwargs"]["extra"] = 1
+    assert _changed_keys(str(path), now) == [
+        "--model.agents.policy.share_prompts: None → False", "--model.env.kwargs.extra: None → 1"]
