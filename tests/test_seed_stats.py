@@ -71,6 +71,10 @@ def test_report_pairs_items_and_correlates_questions(tmp_path) -> None:
     assert "(n=18)" in text  # 6 items x 3 seeds, paired
     assert "| S1 | n/a | n/a, n/a, n/a |" in text  # constant questions before
     assert "| S4 | 1.000 [1.000, 1.000] | 1.000, 1.000, 1.000 |" in text  # questions = events after
+    # one run also holds an `agentcap evaluate` entry: the tables keep the stages every seed has
+    summary = tmp_path / "toy-demo-s6" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "evaluate": {"reward": 1.0}}))
+    assert "| evaluate |" not in stats.report("toy", ["5", "6", "7"], [("S1", "S4")], root=str(tmp_path))
 
 
 def test_report_names_tuned_seeds_and_missing_runs(tmp_path) -> None:

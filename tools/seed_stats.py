@@ -164,7 +164,8 @@ def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], ro
     """The markdown tables for one demo (what ``tools/seeds.sh`` prints)."""
     runs = load_runs(name, seeds, root)
     summaries = {s: json.load(open(os.path.join(f, "summary.json"))) for s, f in runs.items()}
-    stages = list(next(iter(summaries.values())))
+    # the stages every seed evaluated (one run may also hold an `agentcap evaluate` entry)
+    stages = [st for st in next(iter(summaries.values())) if all(st in r for r in summaries.values())]
     names = metrics or sorted({m for r in summaries.values() for st in r.values() for m in st})
     tuned = [s for s in seeds if s.isdigit() and int(s) in TUNED_SEEDS]
     lines = [f"## {name}: seeds {', '.join(seeds)}" + (f" (tuned on: {', '.join(tuned)})" if tuned else " (none tuned on)"),
