@@ -51,6 +51,7 @@ from agentcap.algorithms.loop import normalize_by_type
 from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weights
 from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
+from agentcap.judges.pool import shard_judges
 from agentcap.logs import StepClock, emit, rollout_metrics, sample_rows
 from agentcap.old_policy import fill_old_logprobs, old_or_current
 from agentcap.optim import (
@@ -188,9 +189,9 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             # full fine-tunes with a KL reference get a sharded frozen copy now (agents.reference)
             kl = {s.agent for s in self.schedule.stages if s.kind == "grpo"} if self.beta > 0 else set()
             mirrored = {name for name in kl if self.agents[name].adapters is None}
-            self._mirrors.update(shard_agents(
-                self.agents, mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh, mirrored
-            ))
+            mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+            self._mirrors.update(shard_agents(self.agents, mesh, mirrored))
+            shard_judges(mesh)  # the environments' LLM judges, as they load (agentcap.judges.pool)
             if distributed.world()[0] == 0:
                 print(f"agentcap: sharded {', '.join(self.agents)} with FSDP2 over {mesh.size()} processes", file=sys.stderr)
 

@@ -18,6 +18,7 @@ import torch
 
 from agentcap.agents.agent import Agent
 from agentcap.agents.sampling import trajectory_seed
+from agentcap.judges.pool import sharded as judges_sharded
 from agentcap.sharding import Lockstep
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score
@@ -151,7 +152,7 @@ class RolloutDriver:
                     seeds=seeds, **extra,
                 ) if trajectories else []
                 for _ in range(stand_in_calls):  # discarded: keeps this process in step with the others
-                    agent.generate([stand_in], greedy=True, batch_size=1)
+                    agent.generate([stand_in], greedy=True, batch_size=1, **extra)  # the same passes as a real call
                 calls[name] += -(-len(trajectories) // self.generation_batch_size)
                 for t, gen in zip(trajectories, generations):
                     env = envs[t].unwrapped
@@ -180,7 +181,8 @@ class RolloutDriver:
         if active:
             raise RuntimeError(f"{len(active)} episodes still running after max_turns={self.max_turns}")
         episodes = [envs[t].unwrapped.episode for t in range(n)]
-        scores = self.scorer.unwrapped.score(episodes) if episodes else []
+        # a process with no episode still scores when judges are sharded: each judge call is a collective
+        scores = self.scorer.unwrapped.score(episodes) if episodes or judges_sharded() else []
         for span in spans:
             utilities = scores[span.trajectory].utilities
             span.utility = utilities[span.action_index] if span.action_index < len(utilities) else None

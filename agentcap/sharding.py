@@ -17,7 +17,10 @@ handled:
 3. Optimiser state is gathered into a full, unsharded state dict for the checkpoint and scattered
    again on resume, so a checkpoint is one file whatever the number of processes.
 
-Not sharded: the judges inside environments (examiner, coherence scorer), which stay replicated.
+Local LLM judges (examiners) are sharded the same way (:func:`shard_judge`, through
+:mod:`agentcap.judges.pool`); :func:`announce_pass` and :func:`stand_in_passes` keep their passes
+in step. The small
+coherence scorer stays replicated.
 """
 
 from __future__ import annotations
@@ -88,6 +91,44 @@ def _shard(model: nn.Module, mesh) -> nn.Module:
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def shard_judge(model: nn.Module, mesh, device: str | None = None) -> nn.Module:
+    """``fully_shard`` a frozen judge's blocks and model, then move its shards to ``device``.
+
+    Every process loaded the same weights from the same folder, so nothing is broadcast."""
+    model.eval().requires_grad_(False)
+    _shard(model, mesh)
+    if device is not None:
+        model.to(device)
+    return model
+
+
+#: What a sharded judge's process is about to run: nothing more, a forward, a ``generate`` call.
+DONE, FORWARD, GENERATE = 0, 1, 2
+
+
+def announce_pass(kind: int) -> None:
+    """Before each real pass of a sharded judge: tell every process which kind of pass follows.
+
+    Each pass is a chain of all-gathers, so the processes must run passes in step; the ones with
+    nothing left run stand-ins meanwhile (:func:`stand_in_passes`). One small all-reduce per pass."""
+    if _pass_flag(kind) != kind:
+        raise RuntimeError("processes disagree on a sharded judge's next pass (a forward against a generate call)")
+
+
+def stand_in_passes(forward, generate) -> None:
+    """After a process's own passes of a judge call: run stand-ins while any other still has passes."""
+    while (kind := _pass_flag(DONE)) != DONE:
+        (forward if kind == FORWARD else generate)()
+
+
+def _pass_flag(kind: int) -> int:
+    if world()[1] == 1:
+        return kind
+    flag = torch.tensor([kind], device=collective_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
 
 
 def model_state(model: nn.Module) -> dict[str, Any]:

@@ -227,8 +227,11 @@ class ADClipEnv(CaptionEnv):
                                                  self.scorer_path["tokenizer"])
         elif self._scorer is None and self.scorer_path:
             from agentcap.judges.coherence import CoherenceScorer
+            from agentcap.judges.pool import judge_key, load_once
 
-            self._scorer = CoherenceScorer.from_pretrained(self.scorer_path, device=self.scorer_device)
+            key = judge_key("scorer", self.scorer_path, device=self.scorer_device)
+            self._scorer = load_once(key, lambda where: CoherenceScorer.from_pretrained(self.scorer_path, device=where),
+                                     self.scorer_device)
         return self._scorer
 
     def score(self, episodes: Sequence[Episode]) -> list[Score]:

@@ -11,6 +11,7 @@ from agentcap.data import ManifestError, check_audio, check_duration, load_audio
 from agentcap.env import CaptionEnv
 from agentcap.episode import Episode, Score
 from agentcap.judges import build_examiner, build_temporal_examiner
+from agentcap.judges.pool import sharded as judges_sharded
 from agentcap.rewards.functional.cloze import anchor_problem
 
 PROMPTS = {
@@ -184,7 +185,7 @@ class ClozeCaptionEnv(CaptionEnv):
                 labelled.append(i)
             else:  # inference on a raw audio file: no gold, nothing to score
                 scores[i] = Score(math.nan, {}, [None] * len(e.actions), {"unlabelled": 1.0})
-        if labelled:
+        if labelled or judges_sharded():  # a sharded judge's call is a collective: asked even with none
             batch = [episodes[i] for i in labelled]
             captions = [e.actions[-1].text if e.actions else "" for e in batch]
             parts = {

@@ -350,7 +350,8 @@ class EvidenceGameEnv(CaptionEnv):
                 bank = question_bank(episodes[i].item, "mcq")
                 rows[(i, text)] = [pairs.setdefault((text, q), len(pairs)) for q in bank]
         unique = list(pairs)
-        letters = self.examiner.answer([t for t, _ in unique], [q for _, q in unique]) if unique else []
+        # asked even with nothing to judge: a sharded examiner's call is a collective (agentcap.judges.pool)
+        letters = self.examiner.answer([t for t, _ in unique], [q for _, q in unique])
         if len(letters) != len(unique):
             raise RuntimeError(f"examiner returned {len(letters)} answers for {len(unique)} questions")
         gold = [q.answer for _, q in unique]

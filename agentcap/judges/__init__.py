@@ -6,9 +6,11 @@ from typing import Any, Literal
 
 from agentcap.judges.coherence import CoherenceScorer
 from agentcap.judges.examiner import Examiner, LLMExaminer, Question, RuleExaminer
+from agentcap.judges.pool import causal_lm
 from agentcap.judges.temporal import LLMTemporalExaminer, RuleTemporalExaminer, TemporalExaminer, parse_intervals
 
 
+# Local LLM judges load once per process (agentcap.judges.pool), whichever environment asks.
 def build_examiner(
     spec: str | dict[str, Any], device: str = "cpu", readout: Literal["letters", "options"] = "letters"
 ) -> Examiner:
@@ -29,14 +31,14 @@ def build_examiner(
         return ServedExaminer(served_judge_client(spec, "examiner"))
     if spec == "rule":
         return RuleExaminer()
-    return LLMExaminer.from_pretrained(spec, device=device, readout=readout)
+    return LLMExaminer(*causal_lm(spec, device), readout=readout)
 
 
 def build_temporal_examiner(spec: str, half_width: float, device: str = "cpu") -> TemporalExaminer:
     """``rule`` (the deterministic timestamp parser) or the local folder of an HF causal LM."""
     if spec == "rule":
         return RuleTemporalExaminer(half_width=half_width)
-    return LLMTemporalExaminer.from_pretrained(spec, half_width=half_width, device=device)
+    return LLMTemporalExaminer(*causal_lm(spec, device), half_width=half_width)
 
 
 __all__ = [

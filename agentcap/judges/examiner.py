@@ -16,6 +16,7 @@ can flatten a whole batch of banks into one call.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -256,9 +257,29 @@ def _save_dense_copy(model, tokenizer, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def collective_call(method):
+    """A judge call that every process makes together when the judge is sharded: afterwards a
+    process runs stand-in passes while any other still has passes of its own
+    (:func:`agentcap.sharding.stand_in_passes`)."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        out = method(self, *args, **kwargs)
+        if self.sharded:
+            from agentcap.sharding import stand_in_passes
+
+            stand_in_passes(self._stand_in_forward, self._stand_in_generate)
+        return out
+
+    return call
+
+
 class CausalLMJudge:
     """A frozen causal LM that reads prompts: chat template when the tokenizer has one, plain text
-    otherwise; left padding with explicit position ids, so a batched row equals the row alone."""
+    otherwise; left padding with explicit position ids, so a batched row equals the row alone.
+
+    Every pass goes through :meth:`forward` or :meth:`generate_ids`, so that a sharded judge
+    (:mod:`agentcap.judges.pool`) can keep the processes' passes in step."""
 
     def __init__(self, model, tokenizer, batch_size: int = 32):
         if batch_size < 1:
@@ -273,6 +294,36 @@ class CausalLMJudge:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def sharded(self) -> bool:
+        """True when the model is sharded over several processes: each public call is then a collective."""
+        from agentcap.distributed import world
+        from agentcap.sharding import is_sharded
+
+        return world()[1] > 1 and is_sharded(self.model)
+
+    def forward(self, **inputs):
+        if self.sharded:
+            from agentcap.sharding import FORWARD, announce_pass
+
+            announce_pass(FORWARD)
+        return self.model(**inputs)
+
+    def generate_ids(self, **inputs) -> torch.Tensor:
+        if self.sharded:
+            from agentcap.sharding import GENERATE, announce_pass
+
+            announce_pass(GENERATE)
+        return self.model.generate(**inputs, synced_gpus=self.sharded)
+
+    def _stand_in_forward(self) -> None:
+        self.model(input_ids=torch.tensor([[self.pad_id]], device=self.device))
+
+    def _stand_in_generate(self) -> None:
+        one = torch.tensor([[self.pad_id]], device=self.device)
+        self.model.generate(input_ids=one, attention_mask=torch.ones_like(one), max_new_tokens=1, do_sample=False,
+                            pad_token_id=self.pad_id, synced_gpus=True)
 
     def render(self, user_text: str, answer_cue: str = "Answer:") -> str:
         """The full prompt; the model's next token starts the answer."""
@@ -301,6 +352,7 @@ class CausalLMJudge:
             yield order[start : start + self.batch_size]
 
     @torch.inference_mode()
+    @collective_call
     def generate(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
         """Greedy continuations (new text only), batched."""
         ids = self.encode(prompts)
@@ -313,7 +365,7 @@ class CausalLMJudge:
             stops.append(self.tokenizer.eos_token_id)
         for group in self.batches(ids):
             batch = self.batch_tensors([ids[i] for i in group])
-            new = self.model.generate(
+            new = self.generate_ids(
                 **batch, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=self.pad_id,
                 eos_token_id=stops or None,
             )[:, batch["input_ids"].shape[1] :]
@@ -448,6 +500,7 @@ class LLMExaminer(CausalLMJudge):
         )
 
     @torch.inference_mode()
+    @collective_call
     def letter_logits(self, captions: Sequence[str], questions: Sequence[Question]) -> torch.Tensor:
         """[N, 5] logits of A–E at the answer position for each pair (deduplicated internally)."""
         _check_pairs(captions, questions, "questions")
@@ -460,14 +513,14 @@ class LLMExaminer(CausalLMJudge):
         letter_ids = torch.tensor(self.letter_ids, device=self.device)
         ids = self.encode(prompts)
         if self.share_prefix:  # each caption (and the instruction) read once for all its questions
-            reader = PrefixReader(self.model, self.pad_id, self.batch_size)
+            reader = PrefixReader(self.model, self.pad_id, self.batch_size, forward=self.forward)
             captions_of = _unique([caption for caption, _ in pairs])[1]
             return reader.last_logits(ids, captions_of, self.letter_ids)[inverse]
         scores = torch.empty((len(pairs), 5), dtype=torch.float32)
         for group in self.batches(ids):  # one forward pass per batch
             batch = self.batch_tensors([ids[i] for i in group])
             positions = (batch["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)
-            logits = self.model(**batch, position_ids=positions, logits_to_keep=1).logits  # [B, 1, V]
+            logits = self.forward(**batch, position_ids=positions, logits_to_keep=1).logits  # [B, 1, V]
             scores[group] = logits[:, -1, letter_ids].float().cpu()
         return scores[inverse]
 
@@ -488,6 +541,7 @@ class LLMExaminer(CausalLMJudge):
         return [(head + stem, gap + option + after) for option in question.options[:4]]
 
     @torch.inference_mode()
+    @collective_call
     def option_gains(self, captions: Sequence[str], questions: Sequence[Question]) -> torch.Tensor:
         """[N, 4]: log p(passage with option k | caption) − log p(same | empty caption), nats."""
         _check_pairs(captions, questions, "questions")
@@ -515,7 +569,7 @@ class LLMExaminer(CausalLMJudge):
             batch = self.batch_tensors([ids[i] for i in group])
             positions = (batch["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)
             keep = max(lengths[i] for i in group) + 1  # every continuation sits at the right end
-            logits = self.model(**batch, position_ids=positions, logits_to_keep=keep).logits  # [B, keep, V]
+            logits = self.forward(**batch, position_ids=positions, logits_to_keep=keep).logits  # [B, keep, V]
             targets = batch["input_ids"][:, 1 - keep :]  # [B, keep-1]
             token_lp = logits[:, :-1].float().log_softmax(-1).gather(2, targets[..., None])[..., 0]
             for row, i in enumerate(group):

@@ -54,10 +54,11 @@ def _right_pad(rows: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torc
 class PrefixReader:
     """Reads prompts grouped by a key (see module docstring) and returns last-token logits."""
 
-    def __init__(self, model, pad_id: int, batch_size: int = 32):
+    def __init__(self, model, pad_id: int, batch_size: int = 32, forward=None):
         self.model = model
         self.pad_id = pad_id
         self.batch_size = batch_size
+        self.call = forward or model  # a judge's counted forward (agentcap.judges.examiner)
 
     @property
     def device(self) -> torch.device:
@@ -66,8 +67,8 @@ class PrefixReader:
     def _forward(self, ids, full_mask, cache):
         """One pass over ``ids`` [B, L] after ``cache``; ``full_mask`` covers cache + ids."""
         positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1] :]
-        out = self.model(input_ids=ids, attention_mask=full_mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True)
+        out = self.call(input_ids=ids, attention_mask=full_mask, position_ids=positions,
+                        past_key_values=cache, use_cache=True)
         return out
 
     @torch.inference_mode()

@@ -81,6 +81,8 @@ def evidence_sufficiency(
     if len(predicted) != len(unique):
         raise RuntimeError(f"examiner returned {len(predicted)} answers for {len(unique)} questions")
     per_pair = answer_scores(predicted, [q.answer for _, q in unique], **scores)
+    if not rows:  # no captions (the examiner was still asked: a sharded one takes part in every call)
+        return per_pair.new_zeros(0)
     return torch.stack([per_pair[torch.tensor(row)].mean() for row in rows])
 
 
