@@ -7,13 +7,14 @@ before its weights are on disk. Per stage and rank the plan adds:
 - parameters of the trainable agent (its ``dtype``; LoRA: the frozen base plus fp32 adapters),
 - gradients and AdamW state (two moments), in the dtype of what trains,
 - frozen agents (a base shared with ``share_base_with`` counted once),
-- judges named in the environment's kwargs (``examiner``, ``temporal_examiner``, ``scorer``),
+- judges named in the environment's kwargs (``examiner``, ``temporal_examiner``, ``scorer``) as a
+  model folder; a served judge (``{url, model}``) holds nothing in the ranks and counts 0,
 - training activations of one micro-batch (prompt + ``max_new_tokens`` tokens; per layer about
   34 · tokens · hidden bytes at 16-bit, one layer's worth with gradient checkpointing) plus the
   completion logits in fp32, or the rollout's KV cache, whichever is larger,
 - under ``grpo_fsdp`` every agent is divided by the world size, plus two gathered blocks in flight.
 
-Judges live inside environments and are replicated on every rank (``agentcap.sharding``).
+Judges loaded inside environments are replicated on every rank (``agentcap.sharding``).
 Estimates are lower bounds: allocator fragmentation and CUDA context (~1–2 GiB) come on top.
 """
 

@@ -59,7 +59,8 @@ class ClozeCaptionEnv(CaptionEnv):
     ## Arguments
     manifest: JSONL rows with ``id, audio, caption, cloze, anchors`` (``duration`` optional); ``cloze``
     and ``anchors`` must be non-empty (ESR and ECTR are means over them).
-    examiner / temporal_examiner: ``rule`` (toy worlds only) or a local HF causal-LM folder.
+    examiner / temporal_examiner: ``rule`` (toy worlds only), a local HF causal-LM folder, or a
+    served one ``{url: http://HOST:8000/v1, model: NAME}`` (one server can answer both).
     examiner_readout: ``letters`` (A–E next-token logits, the paper's examiner) or ``options``
     (scores each option's text; for small models that cannot follow a letter format).
     half_width: w, the widening of point timestamps. on_error: ``skip`` drops unusable rows (missing,
@@ -80,7 +81,7 @@ class ClozeCaptionEnv(CaptionEnv):
         max_seconds: float | None = 30.0,
         prompt: Literal["paper", "compact"] = "paper",
         examiner: str | dict[str, Any] = "rule",
-        temporal_examiner: str = "rule",
+        temporal_examiner: str | dict[str, Any] = "rule",
         examiner_device: str = "cpu",
         examiner_readout: Literal["letters", "options"] = "letters",
         weights: Mapping[str, float] | None = None,

@@ -341,6 +341,103 @@ def test_llm_temporal_examiner_reads_answers_and_falls_back(tiny):
     assert len(real) == 2 and all(r is None or r[0] <= r[1] for r in real)
 
 
+# --- the temporal examiner on an OpenAI-compatible server -----------------------------------------
+# What an examiner answers for each event: a range, a point, "null", and text with no time (rule fallback).
+TEMPORAL_ANSWERS = {"the beep": "1.0-2.5", "the hiss": "0.3", "the knock": "null", "the soft low hiss": "I cannot tell"}
+
+
+@pytest.fixture
+def chat_server():
+    """A loopback stand-in for ``vllm serve``'s ``/v1/chat/completions``: it records every payload and
+    answers from the event named at the end of the user message (``TEMPORAL_ANSWERS``)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append(payload)
+            event = payload["messages"][-1]["content"].rsplit("Event: ", 1)[-1]
+            answer = TEMPORAL_ANSWERS.get(event, "")
+            body = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]})
+            self.send_response(200 if self.path == "/v1/chat/completions" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_served_temporal_examiner_asks_and_reads_as_the_local_one(tiny, chat_server):
+    from agentcap.judges.served import ServedClient, ServedTemporalExaminer
+
+    url, received = chat_server
+    model, tokenizer = tiny
+    served = ServedTemporalExaminer(ServedClient(url, "examiner", batch_size=3), half_width=0.5)
+    local = LLMTemporalExaminer(model, tokenizer, half_width=0.5)
+    assert isinstance(served, TemporalExaminer)
+    events = ["the beep", "the hiss", "the knock", "the soft low hiss", "the beep", "the hiss"]
+    captions = [CAPTION] * 5 + ["A beep."]
+    distinct = list(dict.fromkeys(zip(captions, events)))
+    answers = {local.prompt(c, e): TEMPORAL_ANSWERS[e] for c, e in distinct}
+    local.generate = lambda prompts, max_new_tokens: [answers[p] for p in prompts]
+    located = served.locate(captions, events)
+    assert located == [(1.0, 2.5), (0.0, 0.8), None, (2.1, 4.0), (1.0, 2.5), (0.0, 0.8)]
+    assert located == local.locate(captions, events)
+    assert len(received) == len(distinct) == 5  # the repeated (CAPTION, "the beep") pair was asked once
+    sent = {tokenizer.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True) for p in received}
+    assert sent == set(answers)  # the local examiner's prompts, word for word
+    for payload in received:
+        assert payload["model"] == "examiner" and payload["temperature"] == 0.0
+        assert payload["max_tokens"] == local.max_new_tokens == 24
+    assert served.locate([], []) == []
+
+
+def test_a_down_server_makes_the_served_temporal_examiner_unavailable():
+    import socket
+
+    from agentcap.judges.served import JudgeUnavailable, ServedClient, ServedTemporalExaminer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    served = ServedTemporalExaminer(ServedClient(f"http://127.0.0.1:{port}/v1", "examiner", timeout=2, retries=0))
+    with pytest.raises(JudgeUnavailable, match=r"/v1/chat/completions \(model 'examiner'\)"):
+        served.locate([CAPTION], ["the beep"])
+
+
+def test_build_temporal_examiner_from_a_served_spec():
+    from agentcap.judges import build_temporal_examiner
+    from agentcap.judges.served import ServedTemporalExaminer
+
+    served = build_temporal_examiner({"url": "http://127.0.0.1:8000/v1", "model": "examiner", "batch_size": 8}, 0.25)
+    assert isinstance(served, ServedTemporalExaminer) and served.half_width == 0.25
+    assert (served.client.url, served.client.model, served.client.batch_size) == ("http://127.0.0.1:8000/v1",
+                                                                                  "examiner", 8)
+    with pytest.raises(ValueError, match="temporal_examiner: a served judge needs both url and model"):
+        build_temporal_examiner({"url": "http://127.0.0.1:8000/v1"}, 0.5)
+    with pytest.raises(ValueError, match=r"temporal_examiner: unknown key\(s\) \['modle'\]"):
+        build_temporal_examiner({"url": "http://127.0.0.1:8000/v1", "modle": "examiner"}, 0.5)
+    with pytest.raises(ValueError, match=r"temporal_examiner: a vLLM engine in process \(\{vllm: ...\}\) is not"):
+        build_temporal_examiner({"vllm": "models/Qwen3.6-27B"}, 0.5)
+    with pytest.raises(ValueError, match="temporal_examiner: expected 'rule', a model folder or"):
+        build_temporal_examiner(3, 0.5)
+    assert isinstance(build_temporal_examiner("rule", 0.5), RuleTemporalExaminer)
+
+
 # --- a real pretrained instruct model --------------------------------------------------------------
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FACTS = [

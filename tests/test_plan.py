@@ -103,9 +103,21 @@ def test_the_command_names_the_largest_term_when_it_does_not_fit(tmp_path, capsy
     assert ".model: " in err and "config.json not found" in err
 
 
+def test_a_served_judge_holds_nothing_in_the_ranks(tmp_path):
+    config = recipe(tmp_path)
+    kwargs = config["model"]["env"]["kwargs"]
+    loaded = plan(config, str(tmp_path))[0]["judge"]
+    kwargs["temporal_examiner"] = {"url": "http://127.0.0.1:8000/v1", "model": "examiner"}
+    assert plan(config, str(tmp_path))[0]["judge"] == loaded > 0  # only the loaded examiner counts
+    kwargs["examiner"] = {"url": "http://127.0.0.1:8000/v1", "model": "examiner"}
+    assert plan(config, str(tmp_path))[0]["judge"] == 0
+
+
 def test_every_paper_recipe_plans_from_the_shipped_stand_ins():
     for name in ("read", "audiomap", "acecap"):
         config = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
         rows = plan(config, str(ROOT / "tools" / "plan_models"))
         assert rows and all(r["ranks"] == 8 and r["sharded"] for r in rows), name
         assert all(0 < r["total"] < 1000 * GIB for r in rows)
+        if name != "read":  # READ's GPT-2 coherence scorer is loaded; the 27B judges are served
+            assert all(r["judge"] == 0 for r in rows), name

@@ -34,8 +34,19 @@ def build_examiner(
     return LLMExaminer(*causal_lm(spec, device), readout=readout)
 
 
-def build_temporal_examiner(spec: str, half_width: float, device: str = "cpu") -> TemporalExaminer:
-    """``rule`` (the deterministic timestamp parser) or the local folder of an HF causal LM."""
+def build_temporal_examiner(spec: str | dict[str, Any], half_width: float, device: str = "cpu") -> TemporalExaminer:
+    """``rule`` (the deterministic timestamp parser), the local folder of an HF causal LM, or an
+    OpenAI-compatible server ``{url: http://HOST:8000/v1, model: NAME}`` shared by every rank (the
+    cloze examiner's server can answer both)."""
+    if isinstance(spec, dict):
+        from agentcap.judges.served import ServedTemporalExaminer, served_judge_client
+
+        if "vllm" in spec:
+            raise ValueError("temporal_examiner: a vLLM engine in process ({vllm: ...}) is not supported; "
+                             "serve the model (`vllm serve`) and give {url, model} (docs/vllm.md)")
+        return ServedTemporalExaminer(served_judge_client(spec, "temporal_examiner"), half_width=half_width)
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"temporal_examiner: expected 'rule', a model folder or {{url, model}}, got {spec!r}")
     if spec == "rule":
         return RuleTemporalExaminer(half_width=half_width)
     return LLMTemporalExaminer(*causal_lm(spec, device), half_width=half_width)

@@ -222,7 +222,7 @@ def load_causal_lm(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if isinstance(dtype, str):
+    if isinstance(dtype, str) and dtype != "auto":  # "auto": the checkpoint's own dtype
         dtype = getattr(torch, dtype)
     dtype = dtype or torch.float32
     source = Path(path)

@@ -51,11 +51,12 @@ def load_once(key: str, build: Callable[[str], Any], device: str, model_of: Call
 
 def causal_lm(path: str, device: str):
     """(model, tokenizer) of a local judge folder, loaded once per process and device: the cloze
-    examiner, its other readout and the temporal examiner share one copy when they name one folder."""
+    examiner, its other readout and the temporal examiner share one copy when they name one folder.
+    A frozen judge keeps its checkpoint's dtype (bf16 for the papers' 27B judges)."""
     from agentcap.judges.examiner import load_causal_lm
 
-    return load_once(judge_key("causal_lm", path, device=device), lambda where: load_causal_lm(path, device=where),
-                     device, model_of=lambda loaded: loaded[0])
+    build = lambda where: load_causal_lm(path, device=where, dtype="auto")  # noqa: E731
+    return load_once(judge_key("causal_lm", path, device=device), build, device, model_of=lambda loaded: loaded[0])
 
 
 def shard_judges(mesh: Any) -> None:

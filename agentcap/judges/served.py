@@ -8,7 +8,8 @@ the URL.
 
 The examiner reads the letter A–E as :class:`~agentcap.judges.examiner.LLMExaminer` does: one
 next token, restricted to the five letter ids (``allowed_token_ids`` and ``logit_bias``) and read
-from its top log-probs, greedy, no free text to parse. The coherence scorer needs log-probs of given
+from its top log-probs, greedy, no free text to parse. AudioMap's temporal examiner asks for a short
+free answer (greedy) and reads it as the local one does. The coherence scorer needs log-probs of given
 tokens: vLLM's ``prompt_logprobs`` of prompt + response token ids (READ Eq. 4 on the server).
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from agentcap.judges.examiner import LETTERS, Question, _check_pairs, distinct_pairs, letters_question
+from agentcap.judges.temporal import AnswerTemporalExaminer, temporal_question
 
 
 class JudgeUnavailable(RuntimeError):
@@ -162,6 +164,25 @@ class ServedExaminer(_LetterExaminer):
             top = [(t["token"], t["logprob"]) for t in content[0].get("top_logprobs", [])]
             rows.append(_letter_scores(top, (choice.get("message") or {}).get("content")))
         return torch.tensor(rows, dtype=torch.float32)
+
+
+class ServedTemporalExaminer(AnswerTemporalExaminer):
+    """AudioMap's temporal examiner on an OpenAI-compatible server: the local
+    :class:`~agentcap.judges.temporal.LLMTemporalExaminer`'s question as one user message, greedy,
+    at most ``max_new_tokens``, its answer read by the same rule. One server can hold both judges."""
+
+    def __init__(self, client: ServedClient, half_width: float = 0.5, max_new_tokens: int = 24):
+        super().__init__(half_width, max_new_tokens)
+        self.client = client
+
+    def _answers(self, pairs: list[tuple[str, str]]) -> list[str]:
+        payloads = [
+            {"model": self.client.model, "messages": [{"role": "user", "content": temporal_question(c, e)}],
+             "max_tokens": self.max_new_tokens, "temperature": 0.0}
+            for c, e in pairs
+        ]
+        replies = self.client.map("/chat/completions", payloads)
+        return [(reply["choices"][0].get("message") or {}).get("content") or "" for reply in replies]
 
 
 class VLLMExaminer(_LetterExaminer):

@@ -6,7 +6,8 @@ timestamp parser, so a caption's times are read the same way whether a rule or a
 clause:
 
 - :class:`RuleTemporalExaminer` picks the clause that shares most content words with the event;
-- :class:`LLMTemporalExaminer` asks a causal LM, greedily, and parses its short answer.
+- :class:`LLMTemporalExaminer` asks a causal LM, greedily, and parses its short answer;
+  :class:`~agentcap.judges.served.ServedTemporalExaminer` asks the same of a served one.
 
 A point timestamp t becomes [max(0, t − w), t + w] (the paper's half-width w); a missing event or
 a clause without a usable timestamp gives ``None`` (null).
@@ -205,34 +206,31 @@ class RuleTemporalExaminer:
 _NULL = re.compile(r"^\W*(?:null|none|n/?a|not (?:given|stated|mentioned))\b", re.I)
 
 
-class LLMTemporalExaminer(CausalLMJudge):
-    """Asks a causal LM for the event's interval, greedily, and parses the short answer.
+def temporal_question(caption: str, event: str) -> str:
+    """The examiner's user turn: only the caption and the event description (local and served alike)."""
+    return (
+        "Using only the caption, give the time interval in seconds of the event, as 'start-end', "
+        "or a single time if the caption gives only one, or 'null' if the caption does not say.\n\n"
+        f"Caption: {caption}\n\nEvent: {event}"
+    )
 
-    The prompt holds only the caption and the event description. The answer is read by
-    :func:`parse_intervals` (bare numbers allowed there, since the answer is only times); "null"
-    gives None; an answer with no parseable time falls back to :class:`RuleTemporalExaminer` on
-    the same pair. Points are widened by ±``half_width``. Identical pairs are asked once.
+
+class AnswerTemporalExaminer:
+    """An examiner that answers each (caption, event) pair in a few words, read by one rule.
+
+    Subclasses give ``_answers(pairs) -> texts`` (greedy, at most ``max_new_tokens``); identical pairs
+    are asked once. An answer is read by :func:`parse_intervals` (bare numbers allowed there, since
+    the answer is only times); "null" gives None; an answer with no parseable time falls back to
+    :class:`RuleTemporalExaminer` on the same pair. Points are widened by ±``half_width``.
     """
 
-    def __init__(self, model, tokenizer, batch_size: int = 32, half_width: float = 0.5, max_new_tokens: int = 24):
-        super().__init__(model, tokenizer, batch_size)
+    def __init__(self, half_width: float = 0.5, max_new_tokens: int = 24):
         self.fallback = RuleTemporalExaminer(half_width)
         self.half_width = half_width
         self.max_new_tokens = max_new_tokens
 
-    @classmethod
-    def from_pretrained(cls, path, gguf_file=None, device="cpu", dtype=None, batch_size: int = 32,
-                        half_width: float = 0.5, cache_dir=None) -> "LLMTemporalExaminer":
-        model, tokenizer = load_causal_lm(path, gguf_file=gguf_file, device=device, dtype=dtype, cache_dir=cache_dir)
-        return cls(model, tokenizer, batch_size=batch_size, half_width=half_width)
-
-    def prompt(self, caption: str, event: str) -> str:
-        user = (
-            "Using only the caption, give the time interval in seconds of the event, as 'start-end', "
-            "or a single time if the caption gives only one, or 'null' if the caption does not say.\n\n"
-            f"Caption: {caption}\n\nEvent: {event}"
-        )
-        return self.render(user)
+    def _answers(self, pairs: list[tuple[str, str]]) -> list[str]:
+        raise NotImplementedError
 
     def read_answer(self, answer: str, caption: str, event: str) -> Interval | None:
         if _NULL.match(answer):
@@ -245,6 +243,25 @@ class LLMTemporalExaminer(CausalLMJudge):
     def locate(self, captions: Sequence[str], events: Sequence[str]) -> list[Interval | None]:
         _check_pairs(captions, events, "events")
         distinct, inverse = _unique(list(zip(captions, events)))  # none: a sharded judge still takes part
-        answers = self.generate([self.prompt(c, e) for c, e in distinct], self.max_new_tokens)
-        located = [self.read_answer(a, c, e) for a, (c, e) in zip(answers, distinct)]
+        located = [self.read_answer(a, c, e) for a, (c, e) in zip(self._answers(distinct), distinct)]
         return [located[i] for i in inverse]
+
+
+class LLMTemporalExaminer(CausalLMJudge, AnswerTemporalExaminer):
+    """Asks a local causal LM (:class:`AnswerTemporalExaminer`), greedily, with :func:`temporal_question`."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 32, half_width: float = 0.5, max_new_tokens: int = 24):
+        CausalLMJudge.__init__(self, model, tokenizer, batch_size)
+        AnswerTemporalExaminer.__init__(self, half_width, max_new_tokens)
+
+    @classmethod
+    def from_pretrained(cls, path, gguf_file=None, device="cpu", dtype=None, batch_size: int = 32,
+                        half_width: float = 0.5, cache_dir=None) -> "LLMTemporalExaminer":
+        model, tokenizer = load_causal_lm(path, gguf_file=gguf_file, device=device, dtype=dtype, cache_dir=cache_dir)
+        return cls(model, tokenizer, batch_size=batch_size, half_width=half_width)
+
+    def prompt(self, caption: str, event: str) -> str:
+        return self.render(temporal_question(caption, event))
+
+    def _answers(self, pairs: list[tuple[str, str]]) -> list[str]:
+        return self.generate([self.prompt(c, e) for c, e in pairs], self.max_new_tokens)
