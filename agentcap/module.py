@@ -65,7 +65,7 @@ from agentcap.replay import Replay
 from agentcap.resume import ResumeHooks
 from agentcap.rollout import Span
 from agentcap.schedule import Schedule, Stage
-from agentcap.sharding import is_sharded, load_model_state, load_optimizer_state, shard_agents
+from agentcap.sharding import is_sharded, load_model_state, load_optimizer_state, mixed_precision, shard_agents
 from agentcap.splits import EnvSpec, Splits
 
 __all__ = ["EnvSpec", "GRPOModule"]
@@ -190,7 +190,8 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             kl = {s.agent for s in self.schedule.stages if s.kind == "grpo"} if self.beta > 0 else set()
             mirrored = {name for name in kl if self.agents[name].adapters is None}
             mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
-            self._mirrors.update(shard_agents(self.agents, mesh, mirrored))
+            policy = mixed_precision(self.trainer.precision)  # bf16-mixed: bf16 all-gathers and compute
+            self._mirrors.update(shard_agents(self.agents, mesh, mirrored, policy))
             shard_judges(mesh)  # the environments' LLM judges, as they load (agentcap.judges.pool)
             if distributed.world()[0] == 0:
                 print(f"agentcap: sharded {', '.join(self.agents)} with FSDP2 over {mesh.size()} processes", file=sys.stderr)

@@ -12,9 +12,12 @@ before its weights are on disk. Per stage and rank the plan adds:
 - training activations of one micro-batch (prompt + ``max_new_tokens`` tokens; per layer about
   34 · tokens · hidden bytes at 16-bit, one layer's worth with gradient checkpointing) plus the
   completion logits in fp32, or the rollout's KV cache, whichever is larger,
-- under ``grpo_fsdp`` every agent is divided by the world size, plus two gathered blocks in flight.
+- under ``grpo_fsdp`` every agent and local examiner (not the coherence scorer) is divided by the
+  world size, plus two gathered blocks in flight (bf16 under ``bf16-mixed``: FSDP2's
+  mixed-precision policy, ``agentcap.sharding``).
 
-Judges loaded inside environments are replicated on every rank (``agentcap.sharding``).
+A local judge folder named by several judges (examiner and temporal examiner) is loaded once
+(``agentcap.judges.pool``), in its checkpoint's dtype (taken as bf16 here).
 Estimates are lower bounds: allocator fragmentation and CUDA context (~1–2 GiB) come on top.
 """
 
@@ -148,11 +151,17 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
         sizes[role] = model_size(os.path.join(root, cfg["model"]), f"agents.{role}.model")
         owners[role] = cfg.get("share_base_with") or role
     judges: dict[str, ModelSize] = {}
+    replicated: set[str] = set()  # the coherence scorer is not sharded
     for key in JUDGE_KEYS:
         value = ((model.get("env") or {}).get("kwargs") or {}).get(key)
         if isinstance(value, str) and value not in judges and os.path.isfile(os.path.join(root, value, "config.json")):
             judges[value] = model_size(os.path.join(root, value), f"model.env.kwargs.{key}")
-    judge_bytes = sum(s.params for s in judges.values()) * 2  # judges load in bf16
+            if key == "scorer":
+                replicated.add(value)
+    # bf16; examiners are sharded with the agents
+    judge_bytes = sum(s.params * 2 / (1 if name in replicated else shard) for name, s in judges.items())
+    gather_bytes = (lambda r: 2) if str(trainer.get("precision")) == "bf16-mixed" else (
+        lambda r: BYTES[agents[r].get("dtype", "float32")] if r in agents else 2)
 
     rows = []
     for stage in model.get("stages", []):
@@ -183,7 +192,8 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
             else:
                 frozen += adapters
         params, grads, optim, frozen = (x / shard for x in (params, grads, optim, frozen))
-        gathered = 2 * max((s.block * dtype(r) for r, s in sizes.items()), default=0) if shard > 1 else 0
+        blocks = [s.block * gather_bytes(r) for r, s in {**sizes, **judges}.items()]
+        gathered = 2 * max(blocks, default=0) if shard > 1 else 0
         activations = 0.0
         if train:
             size = sizes[role]

@@ -3,15 +3,13 @@ of questions (none at all, too) get the answers a replicated judge gives."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo import join_group, run_in_two_processes
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentcap.agents.tokenizer import build_word_tokenizer
@@ -102,8 +100,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
     from agentcap.sharding import is_sharded
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    join_group(rank, port)
     try:
         pool.clear()
         judges = _judges()  # loaded before sharding begins, like a judge an earlier stage used
@@ -116,21 +113,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _spawned_rank_one(_index: int, port: int, out_dir: str) -> None:
-    _worker(1, port, out_dir)
-
-
 def test_sharded_judges_answer_like_a_replicated_one_with_unequal_calls(tmp_path, clean_pool):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    context = mp.spawn(_spawned_rank_one, args=(port, str(tmp_path)), nprocs=1, join=False)
-    try:
-        _worker(0, port, str(tmp_path))
-    finally:
-        if not context.join(timeout=120):
-            for process in context.processes:
-                process.terminate()
+    run_in_two_processes(_worker, str(tmp_path))
     for rank in (0, 1):
         sharded = json.loads((tmp_path / f"rank{rank}.json").read_text())
         pool.clear()

@@ -191,3 +191,58 @@ def test_bf16_mixed_autocasts_rollout_and_update_and_keeps_fp32_weights(tmp_path
     assert sampled == {torch.bfloat16} and learned == {torch.bfloat16}, (sampled, learned)
     assert all(p.dtype == torch.float32 for p in agent.parameters())
     assert any(not torch.equal(before[k], v) for k, v in agent.state_dict().items())
+
+
+# --- bf16-mixed under sharding: FSDP2's mixed-precision policy -----------------------------------
+def _mixed_precision_worker(rank: int, port: int, out_dir: str) -> None:
+    import json
+    import os
+
+    import torch.distributed as dist
+    from gloo import join_group
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentcap.sharding import _shard, mixed_precision
+
+    join_group(rank, port)
+    try:
+        torch.manual_seed(0)
+        config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                             intermediate_size=64, vocab_size=50)
+        model = LlamaForCausalLM(config)
+        ids = torch.arange(12).view(2, 6) % 50
+        reference = copy.deepcopy(model)
+        reference(input_ids=ids).logits.float().pow(2).mean().backward()
+        _shard(model, init_device_mesh("cpu", (2,)), mixed_precision("bf16-mixed"))
+        seen = []
+        q_proj = model.model.layers[0].self_attn.q_proj
+        q_proj.register_forward_hook(lambda m, args, out: seen.append((str(m.weight.dtype), str(out.dtype))))
+        model(input_ids=ids).logits.float().pow(2).mean().backward()
+        errors = {}
+        for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+            full = p.grad.full_tensor()
+            errors[name] = [str(p.dtype), str(p.grad.dtype), float((full / 2 - q.grad).norm() / q.grad.norm())]
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
+            json.dump({"seen": seen, "errors": errors}, handle)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bf16_mixed_under_sharding_gathers_in_bf16_and_keeps_fp32_masters(tmp_path):
+    """Sharded with ``mixed_precision("bf16-mixed")``: blocks compute with bf16 weights, while the
+    sharded parameters and their (summed) gradients stay fp32 and match fp32 gradients to bf16 rounding."""
+    import json
+
+    from gloo import run_in_two_processes
+
+    from agentcap.sharding import mixed_precision
+
+    assert mixed_precision("32-true") is None and mixed_precision("bf16-true") is None
+    run_in_two_processes(_mixed_precision_worker, str(tmp_path))
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["seen"] == [["torch.bfloat16", "torch.bfloat16"]]
+        for name, (dtype, grad_dtype, error) in result["errors"].items():
+            assert dtype == grad_dtype == "torch.float32", name
+            assert error < 0.05, (name, error)  # two ranks' sums, each within bf16 rounding of fp32

@@ -71,11 +71,17 @@ def test_sharding_divides_by_the_world_and_bf16_halves(tmp_path):
     sharded = plan(recipe(tmp_path, strategy="grpo_fsdp"), str(tmp_path))[0]
     for key in ("parameters", "gradients", "optimiser", "frozen agents"):
         assert sharded[key] == pytest.approx(full[key] / 4)
-    assert sharded["judge"] == full["judge"]  # judges stay replicated
+    assert sharded["judge"] == pytest.approx(full["judge"] / 4)  # a local judge is sharded too
     assert sharded["gathered blocks"] > 0 == full["gathered blocks"]
     half = plan(recipe(tmp_path, dtype="bfloat16", precision="bf16-mixed"), str(tmp_path))[0]
     assert half["parameters"] == full["parameters"] / 2 and half["frozen agents"] == full["frozen agents"] / 2
     assert half["activations"] < full["activations"]
+    # fp32 masters under bf16-mixed: FSDP2 gathers the blocks in bf16, half of fp32's
+    mixed = plan(recipe(tmp_path, strategy="grpo_fsdp", precision="bf16-mixed"), str(tmp_path))[0]
+    assert mixed["parameters"] == sharded["parameters"]
+    blocks = [model_size(str(tmp_path / name), name).block for name in ("policy", "other", "judge")]
+    assert sharded["gathered blocks"] == 2 * max(4 * blocks[0], 4 * blocks[1], 2 * blocks[2])  # judge: bf16
+    assert mixed["gathered blocks"] == 2 * 2 * max(blocks)
 
 
 def test_lora_trains_only_adapters(tmp_path):

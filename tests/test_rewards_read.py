@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from gloo import join_group, run_in_two_processes
 from rouge_score import rouge_scorer
 
 from agentcap.rewards.base import RewardMetric
@@ -322,16 +320,8 @@ def test_read_rewards_without_scorer_and_gating():
 # ---------------------------------------------------------------- 2-process gloo sync
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _sync_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
+def _sync_worker(rank: int, port: int, out_dir: str) -> None:
+    join_group(rank, port)
     try:
         fmt = AnswerFormat()
         length = AnswerLength(tolerance=0)
@@ -347,21 +337,8 @@ def _sync_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _spawned_rank_one(_index: int, port: int, out_dir: str) -> None:
-    _sync_worker(1, 2, port, out_dir)
-
-
 def test_reward_metric_syncs_mean_across_two_processes(tmp_path):
-    # rank 1 is a spawned process, rank 0 runs here: one fresh interpreter instead of two keeps the
-    # test fast on 2 cores (the imports dominate).
-    port = _free_port()
-    context = mp.spawn(_spawned_rank_one, args=(port, str(tmp_path)), nprocs=1, join=False)
-    try:
-        _sync_worker(0, 2, port, str(tmp_path))
-    finally:
-        if not context.join(timeout=60):
-            for process in context.processes:
-                process.terminate()
+    run_in_two_processes(_sync_worker, str(tmp_path))
     for rank in (0, 1):
         fmt_mean, length_mean = map(float, (tmp_path / f"rank{rank}.txt").read_text().split())
         assert math.isclose(fmt_mean, 4 / 5)  # (1 + 3) / (2 + 3), not the mean of rank means

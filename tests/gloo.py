@@ -1,0 +1,39 @@
+"""Two gloo processes for one test: rank 0 in the test's own process, rank 1 spawned (one fresh
+interpreter instead of two keeps a test fast on 2 cores: the imports dominate)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def join_group(rank: int, port: int, world_size: int = 2) -> None:
+    """``init_process_group`` on loopback; a collective that waits over a minute fails instead of hanging."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
+
+
+def run_in_two_processes(worker, *args, timeout: float = 120) -> None:
+    """``worker(rank, port, *args)`` on ranks 0 and 1; ``worker`` must be a module-level function."""
+    port = free_port()
+    context = mp.spawn(_rank_one, args=(worker, port, *args), nprocs=1, join=False)
+    try:
+        worker(0, port, *args)
+    finally:
+        if not context.join(timeout=timeout):
+            for process in context.processes:
+                process.terminate()
+
+
+def _rank_one(_index: int, worker, port: int, *args) -> None:
+    worker(1, port, *args)
