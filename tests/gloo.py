@@ -4,7 +4,6 @@ interpreter instead of two keeps a test fast on 2 cores: the imports dominate)."
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 
 import torch.distributed as dist
@@ -18,9 +17,12 @@ def free_port() -> int:
 
 
 def join_group(rank: int, port: int, world_size: int = 2) -> None:
-    """``init_process_group`` on loopback; a collective that waits over a minute fails instead of hanging."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=60))
+    """``init_process_group`` on loopback; a collective that waits over a minute fails instead of hanging.
+
+    The address goes in ``init_method``, not in ``MASTER_PORT``: an environment variable left in the
+    test process would send a later test's Lightning launch to this (closed or reused) port."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=60))
 
 
 def run_in_two_processes(worker, *args, timeout: float = 120) -> None:

@@ -491,3 +491,7 @@ def test_bench_examiner_runs_on_a_tiny_model(tiny, tmp_path, capsys):
     assert "letter logits, shared prefixes" in out and "free generation (2 new tokens)" in out
     assert "same letters as per-prompt: yes" in out
     assert "scores identical: True" in out
+    bench.main(["--model", str(tmp_path / "tiny"), "--questions", "12", "--gen-tokens", "2", "--rouge-pairs", "20",
+                "--repeats", "1", "--dense", "--no-options"])
+    out = capsys.readouterr().out
+    assert "1 captions, 12.0 questions" in out and "option scoring" not in out  # dense: one caption holds all 12
