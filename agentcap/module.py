@@ -194,7 +194,9 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             self._mirrors.update(shard_agents(self.agents, mesh, mirrored, policy))
             shard_judges(mesh)  # the environments' LLM judges, as they load (agentcap.judges.pool)
             if distributed.world()[0] == 0:
-                print(f"agentcap: sharded {', '.join(self.agents)} with FSDP2 over {mesh.size()} processes", file=sys.stderr)
+                compute = " (bf16 compute, fp32 masters)" if policy is not None else ""
+                print(f"agentcap: sharded {', '.join(self.agents)} with FSDP2 over {mesh.size()} processes{compute}",
+                      file=sys.stderr)
 
     def configure_optimizers(self):
         return None  # one AdamW per stage, built in `_begin_stage`

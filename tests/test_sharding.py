@@ -1,4 +1,4 @@
-"""Sharding through Lightning (grpo_fsdp): a killed run resumes exactly, and a 2-node launch works.
+"""Sharding through Lightning (grpo_fsdp, bf16-mixed): a killed run resumes exactly, and a 2-node launch works.
 
 Both runs are 2 processes on CPU / gloo: one launched by Lightning on one node and killed inside the
 GRPO stage, then resumed; the other two ``torchrun --nnodes 2`` processes on loopback (one per
@@ -53,17 +53,18 @@ def test_killed_sharded_run_resumes_exactly_and_two_nodes_run(tmp_path, toy_movi
     launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
               "--master-addr", "127.0.0.1", "--master-port", str(port)]
     args = ["-m", "agentcap.cli", "fit", "--config", str(nodes), "--trainer.num_nodes=2",
-            "--trainer.devices=1", "--trainer.strategy=grpo_fsdp"]
+            "--trainer.devices=1", "--trainer.strategy=grpo_fsdp", "--trainer.precision=bf16-mixed"]
     procs = [subprocess.Popen([*launch, "--node-rank", str(r), *args], cwd=ROOT, env=ENV, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in (0, 1)]
     outs = [p.communicate(timeout=900)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    assert "sharded policy with FSDP2 over 2 processes" in outs[0]
+    assert "sharded policy with FSDP2 over 2 processes (bf16 compute, fp32 masters)" in outs[0]
 
     # 2) one node, two processes, killed inside the GRPO stage, then resumed
     run = tmp_path / "killed"
     config = make_read_config(run, toy_movie, STAGES)
-    cmd = [*fit, "--config", str(config), "--trainer.devices=2", "--trainer.strategy=fsdp", "--checkpoint_every=1"]
+    cmd = [*fit, "--config", str(config), "--trainer.devices=2", "--trainer.strategy=fsdp", "--checkpoint_every=1",
+           "--trainer.precision=bf16-mixed"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     ckpt, saved, deadline = run / "checkpoints" / "last.ckpt", None, time.time() + 600
@@ -87,5 +88,7 @@ def test_killed_sharded_run_resumes_exactly_and_two_nodes_run(tmp_path, toy_movi
     assert a["agentcap"]["tick"] == b["agentcap"]["tick"] == 7
     for key in a["state_dict"]:
         torch.testing.assert_close(a["state_dict"][key], b["state_dict"][key], atol=1e-6, rtol=1e-5, msg=key)
+    # bf16-mixed: FSDP2 computes in bf16 (agentcap.sharding.mixed_precision), the masters stay fp32
+    assert {v.dtype for k, v in a["state_dict"].items() if v.is_floating_point()} == {torch.float32}
     s1, s2 = (json.loads((r / "summary.json").read_text())["after"] for r in (tmp_path / "nodes", run))
     assert s1 == s2 or max(abs(s1[k] - s2[k]) for k in s1) < 1e-6, (s1, s2)
