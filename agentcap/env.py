@@ -81,6 +81,9 @@ class CaptionEnv(gym.Env):
         raise NotImplementedError
 
     def score(self, episodes: Sequence[Episode]) -> list[Score]:
+        """One :class:`Score` per episode, the whole batch at once. Under ``grpo_fsdp`` a process
+        with no episode still calls it with an empty list: a sharded judge must be asked anyway
+        (``agentcap.judges.pool``), so return ``[]`` after asking it."""
         raise NotImplementedError
 
     def demonstrations(self, item: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:

@@ -64,4 +64,6 @@ def check_env(env: gym.Env, policy: Callable[[dict[str, Any]], str] | None = Non
     assert len(scored) == 2 and scored[0].reward == scored[1].reward == rewards[-1], (
         "batched score() must equal the reward step() returned"
     )
+    # under grpo_fsdp a process with no episode still scores, so a sharded judge's passes stay in step
+    assert list(base.score([])) == [], "score([]) must return [] (and still ask its judges, if any)"
     return info
