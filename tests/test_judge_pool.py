@@ -155,6 +155,8 @@ def test_a_sharded_examiner_scores_a_run_like_one_process(tmp_path, toy_soundsca
             env={**os.environ, "OMP_NUM_THREADS": "1"},
         )
         assert result.returncode == 0, result.stderr[-3000:]
+        assert (f"sharded the judge {tmp_path / 'examiner'} with FSDP2 over 2 processes" in result.stderr) == (
+            name == "fsdp"), result.stderr[-3000:]
         summaries[name] = json.loads((tmp_path / name / "summary.json").read_text())
     one, two = summaries["one"]["held_out"], summaries["fsdp"]["held_out"]
     assert one.keys() == two.keys() and "g2p_final" in one

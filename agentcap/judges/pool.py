@@ -81,7 +81,13 @@ def clear() -> None:
 
 
 def _shard(model: Any, device: str | None) -> None:
+    import sys
+
+    from agentcap.distributed import world
     from agentcap.sharding import is_sharded, shard_judge
 
     if not is_sharded(model):
         shard_judge(model, _MESH, device)
+        if world()[0] == 0:
+            name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+            print(f"agentcap: sharded the judge {name} with FSDP2 over {_MESH.size()} processes", file=sys.stderr)
