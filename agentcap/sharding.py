@@ -17,10 +17,10 @@ handled:
 3. Optimiser state is gathered into a full, unsharded state dict for the checkpoint and scattered
    again on resume, so a checkpoint is one file whatever the number of processes.
 
-Local LLM judges (examiners) are sharded the same way (:func:`shard_judge`, through
-:mod:`agentcap.judges.pool`); :func:`announce_pass` and :func:`stand_in_passes` keep their passes
-in step. The small
-coherence scorer stays replicated.
+4. Local LLM judges (examiners) are sharded the same way (:func:`shard_judge`, through
+   :mod:`agentcap.judges.pool`), and every process must run their passes in step too:
+   :func:`announce_pass` and :func:`stand_in_passes`. The small coherence scorer stays replicated.
+5. Under ``bf16-mixed``, :func:`mixed_precision` gathers and computes in bf16 over fp32 masters.
 """
 
 from __future__ import annotations
