@@ -160,8 +160,7 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
                 replicated.add(value)
     # bf16; examiners are sharded with the agents
     judge_bytes = sum(s.params * 2 / (1 if name in replicated else shard) for name, s in judges.items())
-    gather_bytes = (lambda r: 2) if str(trainer.get("precision")) == "bf16-mixed" else (
-        lambda r: BYTES[agents[r].get("dtype", "float32")] if r in agents else 2)
+    mixed = str(trainer.get("precision")) == "bf16-mixed"  # FSDP2 gathers blocks in bf16
 
     rows = []
     for stage in model.get("stages", []):
@@ -192,7 +191,8 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
             else:
                 frozen += adapters
         params, grads, optim, frozen = (x / shard for x in (params, grads, optim, frozen))
-        blocks = [s.block * gather_bytes(r) for r, s in {**sizes, **judges}.items()]
+        blocks = [s.block * (2 if mixed else dtype(r)) for r, s in sizes.items()]
+        blocks += [s.block * 2 for s in judges.values()]  # judges hold bf16
         gathered = 2 * max(blocks, default=0) if shard > 1 else 0
         activations = 0.0
         if train:

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from agentcap.distributed import collective_device, world
+from agentcap.distributed import collective_device, most, world
 
 
 def is_sharded(module: nn.Module) -> bool:
@@ -127,22 +127,14 @@ def announce_pass(kind: int) -> None:
 
     Each pass is a chain of all-gathers, so the processes must run passes in step; the ones with
     nothing left run stand-ins meanwhile (:func:`stand_in_passes`). One small all-reduce per pass."""
-    if _pass_flag(kind) != kind:
+    if most(kind) != kind:
         raise RuntimeError("processes disagree on a sharded judge's next pass (a forward against a generate call)")
 
 
 def stand_in_passes(forward, generate) -> None:
     """After a process's own passes of a judge call: run stand-ins while any other still has passes."""
-    while (kind := _pass_flag(DONE)) != DONE:
+    while (kind := most(DONE)) != DONE:
         (forward if kind == FORWARD else generate)()
-
-
-def _pass_flag(kind: int) -> int:
-    if world()[1] == 1:
-        return kind
-    flag = torch.tensor([kind], device=collective_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return int(flag.item())
 
 
 def model_state(model: nn.Module) -> dict[str, Any]:

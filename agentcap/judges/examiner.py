@@ -29,7 +29,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 from agentcap.data import ManifestError
+from agentcap.distributed import world
 from agentcap.judges.prefix import PrefixReader
+from agentcap.sharding import FORWARD, GENERATE, announce_pass, is_sharded, stand_in_passes
 
 LETTERS = ("A", "B", "C", "D", "E")
 GOLD_LETTERS = LETTERS[:4]
@@ -266,8 +268,6 @@ def collective_call(method):
     def call(self, *args, **kwargs):
         out = method(self, *args, **kwargs)
         if self.sharded:
-            from agentcap.sharding import stand_in_passes
-
             stand_in_passes(self._stand_in_forward, self._stand_in_generate)
         return out
 
@@ -298,22 +298,15 @@ class CausalLMJudge:
     @property
     def sharded(self) -> bool:
         """True when the model is sharded over several processes: each public call is then a collective."""
-        from agentcap.distributed import world
-        from agentcap.sharding import is_sharded
-
         return world()[1] > 1 and is_sharded(self.model)
 
     def forward(self, **inputs):
         if self.sharded:
-            from agentcap.sharding import FORWARD, announce_pass
-
             announce_pass(FORWARD)
         return self.model(**inputs)
 
     def generate_ids(self, **inputs) -> torch.Tensor:
         if self.sharded:
-            from agentcap.sharding import GENERATE, announce_pass
-
             announce_pass(GENERATE)
         return self.model.generate(**inputs, synced_gpus=self.sharded)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 _LOADED: dict[str, Any] = {}
-_MODELS: list[tuple[Any, str]] = []  # (model, device) of every judge that may be sharded
+_MODELS: list[Any] = []  # the model of every judge that may be sharded
 _MESH: Any = None
 
 
@@ -43,9 +43,9 @@ def load_once(key: str, build: Callable[[str], Any], device: str, model_of: Call
         value = build("cpu" if _MESH is not None and model_of is not None else device)
         _LOADED[key] = value
         if model_of is not None:
-            _MODELS.append((model_of(value), device))
+            _MODELS.append(model_of(value))
             if _MESH is not None:
-                _shard(*_MODELS[-1])
+                _shard(_MODELS[-1], device)
     return _LOADED[key]
 
 
@@ -63,7 +63,7 @@ def shard_judges(mesh: Any) -> None:
     """Shard every local LLM judge over ``mesh``, now and as later ones load."""
     global _MESH
     _MESH = mesh
-    for model, _ in _MODELS:
+    for model in _MODELS:
         _shard(model, None)  # already on its device
 
 
