@@ -16,6 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from agentcap.agents.tokenizer import build_word_tokenizer
 from agentcap.data import ManifestError
 from agentcap.judges.examiner import LETTERS, Examiner, LLMExaminer, Question, RuleExaminer, parse_letter
+from agentcap.judges.prefix import prefix_tree
 from agentcap.judges.temporal import (
     LLMTemporalExaminer,
     RuleTemporalExaminer,
@@ -249,32 +250,62 @@ def test_served_examiner_asks_each_distinct_pair_once_and_scatters_back():
     assert examiner.letter_logits([], []).shape == (0, 5)
 
 
-def test_shared_prefix_reads_the_instruction_once_and_each_caption_once(tiny):
-    """Many questions per caption: the caption's tokens are fed once, the instruction once in all."""
+def test_prefix_tree_feeds_every_distinct_prefix_once():
+    prompts = [[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6], [1, 7], [1, 7, 8]]
+    root = prefix_tree(prompts)
+    assert (root.start, root.end) == (0, 1)  # the head common to all
+    distinct = {tuple(p[:k]) for p in prompts for k in range(1, len(p) + 1)}
+    # [1, 7] is a prefix of [1, 7, 8]: its last token is fed again in its own leaf, nothing else twice
+    assert root.size() == len(distinct) + 1
+    leaves = []
+
+    def walk(node, path):
+        path = path + prompts[node.prompt][node.start : node.end]
+        if not node.children:
+            leaves.append((node.prompt, path))
+        for child in node.children:
+            assert child.start == node.end
+            walk(child, path)
+
+    walk(root, [])
+    assert sorted(leaves) == [(i, p) for i, p in enumerate(prompts)]  # each prompt ends in its own leaf
+    folded = prefix_tree(prompts, min_tokens=2)  # one-token nodes ([2], then [3]) are read by their children
+    assert sorted((c.prompt, c.start, c.end, len(c.children)) for c in folded.children) == [
+        (0, 1, 4, 0), (1, 1, 4, 0), (2, 1, 3, 0), (3, 1, 2, 0), (4, 1, 3, 0)]
+    with pytest.raises(ValueError, match="at least one token"):
+        prefix_tree([[1], []])
+
+
+def test_shared_prefix_reads_every_shared_run_once(tiny):
+    """Many questions per caption: the instruction is fed once, each caption once, and no token
+    run that several prompts share is fed twice."""
     model, tokenizer = tiny
-    passes: list[tuple[int, int]] = []
+    fed: list[int] = []
+    rows: list[int] = []
     original = model.forward
 
     def counting_forward(*args, **kwargs):
-        passes.append(tuple(kwargs["input_ids"].shape))
+        new = kwargs["input_ids"].shape[1]
+        fed.append(int(kwargs["attention_mask"][:, -new:].sum()))  # real tokens, not padding
+        rows.append(kwargs["input_ids"].shape[0])
         return original(*args, **kwargs)
 
     captions, questions = _pairs()
-    distinct = [c for c in dict.fromkeys(captions)]
+    examiner = LLMExaminer(model, tokenizer, batch_size=64)
     model.forward = counting_forward
     try:
-        shared = LLMExaminer(model, tokenizer, batch_size=64).letter_logits(captions, questions)
-        tree = list(passes)
-        passes.clear()
+        shared = examiner.letter_logits(captions, questions)
+        tree_fed, tree_rows = sum(fed), list(rows)
+        fed.clear()
         full = LLMExaminer(model, tokenizer, batch_size=64, share_prefix=False).letter_logits(captions, questions)
     finally:
         del model.forward
     torch.testing.assert_close(shared, full, atol=1e-5, rtol=1e-5)
-    assert tree[0][0] == 1  # the common head (template + instruction): one row
-    assert tree[1][0] == len(distinct)  # one row per distinct caption
-    assert tree[2][0] == len(captions)  # then one row per question, its own tokens only
-    fed = sum(b * t for b, t in tree)
-    assert fed < 0.6 * sum(b * t for b, t in passes)
+    prompts = examiner.encode([examiner.prompt(c, q) for c, q in dict.fromkeys(zip(captions, questions))])
+    assert tree_rows[0] == 1  # the common head (template + instruction): one row
+    assert tree_fed == prefix_tree(prompts, min_tokens=4).size()
+    assert prefix_tree(prompts, min_tokens=4).size() < 1.05 * prefix_tree(prompts).size()
+    assert tree_fed < 0.6 * sum(fed)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])

@@ -5,6 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# A full disk makes pip fail late and vaguely: say up front what a first install needs (torch with
+# its CUDA libraries is most of it; AGENTCAP_SETUP_DISK_GB=0 skips the check).
+NEED_GB=${AGENTCAP_SETUP_DISK_GB:-8}
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  FREE_GB=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
+  if [ "$FREE_GB" -lt "$NEED_GB" ]; then
+    echo "setup: $PWD has ${FREE_GB} GB free; a first install needs about ${NEED_GB} GB (.venv ~6 GB, pip's downloads). Free some space, or set AGENTCAP_SETUP_DISK_GB." >&2
+    exit 1
+  fi
+fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test,eval]'
 # ROUGE in Rust (identical scores); optional: rouge_score stays the fallback where no wheel exists

@@ -412,8 +412,9 @@ class LLMExaminer(CausalLMJudge):
     ``readout="letters"`` (default; the paper's judge) — an instruction, the caption and the
     lettered options; the answer is the argmax of the next-token logits restricted to the ids of
     A–E. The prompts are read as a prefix tree (:mod:`agentcap.judges.prefix`): the shared
-    instruction once, each distinct caption once, then only each question's own tokens on top of
-    its caption's KV cache (``share_prefix=False``: one full pass per prompt). Tokenizers differ on whether the answer is "A" or
+    instruction once, each distinct caption once, the sentence that several of its questions
+    quote once, then only each question's own tokens on top of that KV cache
+    (``share_prefix=False``: one full pass per prompt). Tokenizers differ on whether the answer is "A" or
     " A" (chat templates end in "\n" or a space, a plain prompt in "Answer:"); the ids used are
     those the tokenizer produces for the letter appended to a real prompt — the first token after
     the prompt's own ids — trying no gap first after whitespace and one space first otherwise, and
@@ -505,10 +506,9 @@ class LLMExaminer(CausalLMJudge):
             self.letter_ids = self.find_letter_ids(prompts[0])
         letter_ids = torch.tensor(self.letter_ids, device=self.device)
         ids = self.encode(prompts)
-        if self.share_prefix:  # each caption (and the instruction) read once for all its questions
+        if self.share_prefix:  # the instruction, each caption, each shared sentence: read once
             reader = PrefixReader(self.model, self.pad_id, self.batch_size, forward=self.forward)
-            captions_of = _unique([caption for caption, _ in pairs])[1]
-            return reader.last_logits(ids, captions_of, self.letter_ids)[inverse]
+            return reader.last_logits(ids, self.letter_ids)[inverse]
         scores = torch.empty((len(pairs), 5), dtype=torch.float32)
         for group in self.batches(ids):  # one forward pass per batch
             batch = self.batch_tensors([ids[i] for i in group])

@@ -1,37 +1,96 @@
-"""Next-token logits of many prompts that share prefixes, reading each shared prefix once.
+"""Next-token logits of many prompts that share prefixes, reading every shared prefix once.
 
-A judge's prompts repeat themselves: every prompt opens with the same template and instruction,
-and every question about one caption repeats that caption. Scoring each prompt from scratch pays
-for those tokens again and again; here the prompts are read as a three-level tree:
+A judge's prompts repeat themselves: all open with the same template and instruction, every
+question about one caption repeats that caption, and the questions about one sentence of a caption
+repeat that sentence up to their blank. Scoring each prompt from scratch pays for those tokens
+again and again; here the prompts' token ids are read as a radix tree:
 
-1. the *header*, the token prefix common to all prompts (template + instruction), one pass;
-2. per group (e.g. one caption), the group's common prefix after the header, one row per group
-   on top of the header's KV cache;
-3. per prompt, the rest (the question), one row on top of its group's cache.
+- a *node* is a run of tokens that every prompt below it shares, fed once, on top of its
+  parent's KV cache (the root: the template and instruction common to all prompts);
+- a *leaf* is one prompt's own remaining tokens (at least its last one, where its logits are read).
 
-Only the last position's logits are produced, at the ids asked for. Positions are explicit
-(count of attended tokens), so padding between the levels changes nothing: every prompt's
-logits equal those of the prompt read alone, up to float rounding of the split attention.
+Siblings and cousins are fed together, ``batch_size`` rows a pass, and a batch's children are read
+before the next batch, so at most (tree depth × batch size) rows of cache are alive at once. A node
+shorter than ``min_tokens`` is not worth a pass of its own and is folded into its children.
+
+Only the last position's logits are produced, at the ids asked for. Positions are explicit (count
+of attended tokens), so padding between the levels changes nothing: every prompt's logits equal
+those of the prompt read alone, up to float rounding of the split attention.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from agentcap.agents.logprobs import head_removed, plain_head
 
 
-def common_prefix(rows: Sequence[Sequence[int]]) -> int:
-    """Length of the longest token prefix shared by every row."""
+def common_prefix(rows: Sequence[Sequence[int]], start: int = 0) -> int:
+    """Length of the longest token prefix shared by every row (counting from ``start``)."""
     if not rows:
         return 0
     first, n = rows[0], min(len(r) for r in rows)
-    for i in range(n):
-        if any(r[i] != first[i] for r in rows):
-            return i
-    return n
+    for i in range(start, n):
+        token = first[i]
+        if any(r[i] != token for r in rows):
+            return i - start
+    return max(n - start, 0)
+
+
+@dataclass
+class Node:
+    """Tokens ``[start, end)`` of prompt ``prompt`` (shared by every prompt below the node); a leaf
+    when it has no children, and then ``prompt``'s logits are read at its last token."""
+
+    prompt: int
+    start: int
+    end: int
+    children: list["Node"] = field(default_factory=list)
+
+    def size(self) -> int:
+        """Tokens fed for this subtree."""
+        return self.end - self.start + sum(child.size() for child in self.children)
+
+
+def prefix_tree(prompts: Sequence[Sequence[int]], min_tokens: int = 1) -> Node:
+    """The radix tree of ``prompts`` (each at least one token long). Its root holds the prefix of
+    all prompts (possibly empty); every prompt ends in a leaf of its own."""
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    everyone = list(range(len(prompts)))
+    shortest = min((len(p) for p in prompts), default=1)
+    header = min(common_prefix(prompts), shortest - 1)
+    return Node(0, 0, header, _children(prompts, everyone, header, min_tokens))
+
+
+def _children(prompts, members: list[int], start: int, min_tokens: int) -> list[Node]:
+    """The subtrees of ``members``, which all share their first ``start`` tokens."""
+    if len(members) == 1:
+        i = members[0]
+        return [Node(i, start, len(prompts[i]))]
+    nodes, by_token = [], {}
+    for i in members:
+        if len(prompts[i]) - start == 1:  # its last token: a leaf now
+            nodes.append(Node(i, start, start + 1))
+        else:
+            by_token.setdefault(prompts[i][start], []).append(i)
+    for group in by_token.values():
+        if len(group) == 1:
+            nodes.append(Node(group[0], start, len(prompts[group[0]])))
+            continue
+        rows = [prompts[i] for i in group]
+        end = start + min(common_prefix(rows, start), min(len(r) for r in rows) - 1 - start)
+        below = _children(prompts, group, end, min_tokens)
+        if end - start < min_tokens:  # too short for a pass of its own: its children read it too
+            for child in below:
+                child.start = start
+            nodes.extend(below)
+        else:
+            nodes.append(Node(group[0], start, end, below))
+    return nodes
 
 
 def _select(cache, index: torch.Tensor):
@@ -52,12 +111,13 @@ def _right_pad(rows: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torc
 
 
 class PrefixReader:
-    """Reads prompts grouped by a key (see module docstring) and returns last-token logits."""
+    """Reads prompts as a prefix tree (see module docstring) and returns last-token logits."""
 
-    def __init__(self, model, pad_id: int, batch_size: int = 32, forward=None):
+    def __init__(self, model, pad_id: int, batch_size: int = 32, forward=None, min_tokens: int = 4):
         self.model = model
         self.pad_id = pad_id
         self.batch_size = batch_size
+        self.min_tokens = min_tokens
         self.call = forward or model  # a judge's counted forward (agentcap.judges.examiner)
 
     @property
@@ -65,64 +125,54 @@ class PrefixReader:
         return next(self.model.parameters()).device
 
     def _forward(self, ids, full_mask, cache):
-        """One pass over ``ids`` [B, L] after ``cache``; ``full_mask`` covers cache + ids."""
+        """Hidden states (or logits, for a head we cannot detach) of ``ids`` [B, L] after ``cache``;
+        ``full_mask`` covers cache + ids."""
         positions = (full_mask.cumsum(dim=1) - 1).clamp(min=0)[:, -ids.shape[1] :]
-        out = self.call(input_ids=ids, attention_mask=full_mask, position_ids=positions,
-                        past_key_values=cache, use_cache=True)
-        return out
+        return self.call(input_ids=ids, attention_mask=full_mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True).logits
 
     @torch.inference_mode()
-    def last_logits(self, prompts: Sequence[Sequence[int]], groups: Sequence[int], ids: Sequence[int]) -> torch.Tensor:
-        """[N, len(ids)] float32 logits at each prompt's last token, restricted to ``ids``.
-
-        ``groups[i]`` names prompt i's group (prompts of a group share a prefix: one caption).
-        """
+    def last_logits(self, prompts: Sequence[Sequence[int]], ids: Sequence[int]) -> torch.Tensor:
+        """[N, len(ids)] float32 logits at each prompt's last token, restricted to ``ids``."""
         from transformers import DynamicCache
 
-        n = len(prompts)
-        out = torch.empty((n, len(ids)), dtype=torch.float32)
-        if not n:
+        out = torch.empty((len(prompts), len(ids)), dtype=torch.float32)
+        if not prompts:
             return out
-        wanted = torch.tensor(list(ids), device=self.device)
-        members: dict[int, list[int]] = {}
-        for i, g in enumerate(groups):
-            members.setdefault(g, []).append(i)
-        # every prompt keeps at least its last token for level 3 (the logits come from there)
-        header = min(common_prefix(prompts), min(len(p) for p in prompts) - 1)
-        header_ids = torch.tensor([list(prompts[0][:header])], device=self.device)
-        header_cache = DynamicCache()
-        if header:
-            self._forward(header_ids, torch.ones_like(header_ids), header_cache)
-        head = plain_head(self.model)
-        keys = list(members)
-        for start in range(0, len(keys), self.batch_size):
-            chunk = keys[start : start + self.batch_size]
-            ends = [min(common_prefix([prompts[i] for i in members[g]]), min(len(prompts[i]) for i in members[g]) - 1)
-                    for g in chunk]
-            middle, middle_mask = _right_pad([prompts[members[g][0]][header:end] for g, end in zip(chunk, ends)],
-                                             self.pad_id, self.device)
-            ones = torch.ones((len(chunk), header), dtype=torch.long, device=self.device)
-            cache = _select(header_cache, torch.zeros(len(chunk), dtype=torch.long, device=self.device)) if header \
-                else DynamicCache()
-            prefix_mask = torch.cat([ones, middle_mask], dim=1)
-            if middle.shape[1]:
-                self._forward(middle, prefix_mask, cache)
-            rows = [(slot, i) for slot, g in enumerate(chunk) for i in members[g]]
-            for r0 in range(0, len(rows), self.batch_size):
-                part = rows[r0 : r0 + self.batch_size]
-                slots = torch.tensor([s for s, _ in part], device=self.device)
-                tail, tail_mask = _right_pad([prompts[i][ends[s] :] for s, i in part],
-                                             self.pad_id, self.device)
-                full_mask = torch.cat([prefix_mask[slots], tail_mask], dim=1)
-                row_cache = _select(cache, slots) if cache.get_seq_length() else DynamicCache()
-                last = tail_mask.sum(dim=1) - 1
-                if head is None:
-                    logits = self._forward(tail, full_mask, row_cache).logits
-                    picked = logits[torch.arange(len(part)), last]
-                else:
-                    path, linear = head
-                    with head_removed(self.model, path):
-                        hidden = self._forward(tail, full_mask, row_cache).logits
-                    picked = linear(hidden[torch.arange(len(part), device=hidden.device), last])
-                out[torch.tensor([i for _, i in part])] = picked[:, wanted].float().cpu()
+        self._prompts, self._out = prompts, out
+        self._wanted = torch.tensor(list(ids), device=self.device)
+        self._head = plain_head(self.model)
+        root = prefix_tree(prompts, self.min_tokens)
+        cache, mask = DynamicCache(), torch.ones((1, 0), dtype=torch.long, device=self.device)
+        if root.end:
+            header = torch.tensor([list(prompts[0][: root.end])], device=self.device)
+            mask = torch.ones_like(header)
+            self._forward(header, mask, cache)
+        self._read(root.children, [0] * len(root.children), cache, mask)
+        del self._prompts, self._out
         return out
+
+    def _read(self, nodes: list[Node], parents: list[int], cache, mask: torch.Tensor) -> None:
+        """Feeds ``nodes`` (node k on top of row ``parents[k]`` of ``cache``) a batch at a time, each
+        batch's children before the next batch."""
+        for start in range(0, len(nodes), self.batch_size):
+            chunk = nodes[start : start + self.batch_size]
+            rows = torch.tensor(parents[start : start + self.batch_size], device=self.device)
+            own = _select(cache, rows) if cache.get_seq_length() else type(cache)()
+            tokens, tokens_mask = _right_pad([self._prompts[n.prompt][n.start : n.end] for n in chunk],
+                                             self.pad_id, self.device)
+            full_mask = torch.cat([mask[rows], tokens_mask], dim=1)
+            leaves = [k for k, n in enumerate(chunk) if not n.children]
+            if self._head is None:
+                states = self._forward(tokens, full_mask, own)
+            else:
+                with head_removed(self.model, self._head[0]):
+                    states = self._forward(tokens, full_mask, own)
+            if leaves:
+                at = torch.tensor(leaves, device=states.device)
+                last = states[at, tokens_mask.sum(dim=1).to(states.device)[at] - 1]
+                logits = last if self._head is None else self._head[1](last)
+                self._out[torch.tensor([chunk[k].prompt for k in leaves])] = logits[:, self._wanted].float().cpu()
+            below = [(child, k) for k, n in enumerate(chunk) for child in n.children]
+            if below:
+                self._read([c for c, _ in below], [k for _, k in below], own, full_mask)
