@@ -16,7 +16,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from agentcap.agents.tokenizer import build_word_tokenizer
 from agentcap.data import ManifestError
 from agentcap.judges.examiner import LETTERS, Examiner, LLMExaminer, Question, RuleExaminer, parse_letter
-from agentcap.judges.prefix import prefix_tree
+from agentcap.judges.prefix import MIN_TOKENS, prefix_tree
 from agentcap.judges.temporal import (
     LLMTemporalExaminer,
     RuleTemporalExaminer,
@@ -303,8 +303,8 @@ def test_shared_prefix_reads_every_shared_run_once(tiny):
     torch.testing.assert_close(shared, full, atol=1e-5, rtol=1e-5)
     prompts = examiner.encode([examiner.prompt(c, q) for c, q in dict.fromkeys(zip(captions, questions))])
     assert tree_rows[0] == 1  # the common head (template + instruction): one row
-    assert tree_fed == prefix_tree(prompts, min_tokens=4).size()
-    assert prefix_tree(prompts, min_tokens=4).size() < 1.05 * prefix_tree(prompts).size()
+    assert tree_fed == prefix_tree(prompts, MIN_TOKENS).size()
+    assert prefix_tree(prompts, MIN_TOKENS).size() < 1.05 * prefix_tree(prompts).size()
     assert tree_fed < 0.6 * sum(fed)
 
 

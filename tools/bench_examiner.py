@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from agentcap.judges.examiner import LLMExaminer, Question, load_causal_lm, parse_letter
+from agentcap.judges.prefix import MIN_TOKENS, prefix_tree
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path.home() / ".cache" / "agentcap" / "smollm2"
@@ -164,6 +165,11 @@ def bench_examiner(args) -> None:
           f"median {statistics.median(vs_question):.1f}x; same letters as per-prompt: yes; "
           f"{len(set(captions))} captions, {n / len(set(captions)):.1f} questions and "
           f"{statistics.mean(len(examiner.encode([c])[0]) for c in set(captions)):.0f} caption tokens each")
+    print("per round, shared-prefix letters vs free generation: " + ", ".join(f"{x:.1f}x" for x in vs_gen))
+    prompts = examiner.encode([examiner.prompt(c, q) for c, q in zip(captions, questions)])
+    tree = prefix_tree(prompts, MIN_TOKENS).size()
+    full = sum(map(len, prompts))
+    print(f"tokens fed: {tree} by the prefix tree, {full} by one pass per prompt ({full / tree:.1f}x fewer)")
     print(f"letter logits vs generation: speed-up {generation_s / logit_s:.1f}x; same letter on {agree:.0%}; "
           f"generation unparseable on {failures}/{n}; e.g. {raw[0]!r}")
 

@@ -27,6 +27,8 @@ import torch
 
 from agentcap.agents.logprobs import head_removed, plain_head
 
+MIN_TOKENS = 4  # a shared run shorter than this is read by each prompt below it (a pass costs more)
+
 
 def common_prefix(rows: Sequence[Sequence[int]], start: int = 0) -> int:
     """Length of the longest token prefix shared by every row (counting from ``start``)."""
@@ -113,7 +115,7 @@ def _right_pad(rows: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torc
 class PrefixReader:
     """Reads prompts as a prefix tree (see module docstring) and returns last-token logits."""
 
-    def __init__(self, model, pad_id: int, batch_size: int = 32, forward=None, min_tokens: int = 4):
+    def __init__(self, model, pad_id: int, batch_size: int = 32, forward=None, min_tokens: int = MIN_TOKENS):
         self.model = model
         self.pad_id = pad_id
         self.batch_size = batch_size
