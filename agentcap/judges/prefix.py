@@ -141,40 +141,41 @@ class PrefixReader:
         out = torch.empty((len(prompts), len(ids)), dtype=torch.float32)
         if not prompts:
             return out
-        self._prompts, self._out = prompts, out
-        self._wanted = torch.tensor(list(ids), device=self.device)
-        self._head = plain_head(self.model)
+        wanted = torch.tensor(list(ids), device=self.device)
+        head = plain_head(self.model)
+
+        def states(tokens, full_mask, cache):  # hidden states when the head can be applied to leaves only
+            if head is None:
+                return self._forward(tokens, full_mask, cache)
+            with head_removed(self.model, head[0]):
+                return self._forward(tokens, full_mask, cache)
+
+        def read(nodes: list[Node], parents: list[int], cache, mask: torch.Tensor) -> None:
+            """Feeds ``nodes`` (node k on top of row ``parents[k]`` of ``cache``) a batch at a time,
+            each batch's children before the next batch."""
+            for start in range(0, len(nodes), self.batch_size):
+                chunk = nodes[start : start + self.batch_size]
+                rows = torch.tensor(parents[start : start + self.batch_size], device=self.device)
+                own = _select(cache, rows) if cache.get_seq_length() else DynamicCache()
+                tokens, tokens_mask = _right_pad([prompts[n.prompt][n.start : n.end] for n in chunk],
+                                                 self.pad_id, self.device)
+                full_mask = torch.cat([mask[rows], tokens_mask], dim=1)
+                hidden = states(tokens, full_mask, own)
+                leaves = [k for k, n in enumerate(chunk) if not n.children]
+                if leaves:
+                    at = torch.tensor(leaves, device=hidden.device)
+                    last = hidden[at, tokens_mask.sum(dim=1).to(hidden.device)[at] - 1]
+                    logits = last if head is None else head[1](last)
+                    out[torch.tensor([chunk[k].prompt for k in leaves])] = logits[:, wanted].float().cpu()
+                below = [(child, k) for k, n in enumerate(chunk) for child in n.children]
+                if below:
+                    read([c for c, _ in below], [k for _, k in below], own, full_mask)
+
         root = prefix_tree(prompts, self.min_tokens)
         cache, mask = DynamicCache(), torch.ones((1, 0), dtype=torch.long, device=self.device)
         if root.end:
             header = torch.tensor([list(prompts[0][: root.end])], device=self.device)
             mask = torch.ones_like(header)
-            self._forward(header, mask, cache)
-        self._read(root.children, [0] * len(root.children), cache, mask)
-        del self._prompts, self._out
+            states(header, mask, cache)
+        read(root.children, [0] * len(root.children), cache, mask)
         return out
-
-    def _read(self, nodes: list[Node], parents: list[int], cache, mask: torch.Tensor) -> None:
-        """Feeds ``nodes`` (node k on top of row ``parents[k]`` of ``cache``) a batch at a time, each
-        batch's children before the next batch."""
-        for start in range(0, len(nodes), self.batch_size):
-            chunk = nodes[start : start + self.batch_size]
-            rows = torch.tensor(parents[start : start + self.batch_size], device=self.device)
-            own = _select(cache, rows) if cache.get_seq_length() else type(cache)()
-            tokens, tokens_mask = _right_pad([self._prompts[n.prompt][n.start : n.end] for n in chunk],
-                                             self.pad_id, self.device)
-            full_mask = torch.cat([mask[rows], tokens_mask], dim=1)
-            leaves = [k for k, n in enumerate(chunk) if not n.children]
-            if self._head is None:
-                states = self._forward(tokens, full_mask, own)
-            else:
-                with head_removed(self.model, self._head[0]):
-                    states = self._forward(tokens, full_mask, own)
-            if leaves:
-                at = torch.tensor(leaves, device=states.device)
-                last = states[at, tokens_mask.sum(dim=1).to(states.device)[at] - 1]
-                logits = last if self._head is None else self._head[1](last)
-                self._out[torch.tensor([chunk[k].prompt for k in leaves])] = logits[:, self._wanted].float().cpu()
-            below = [(child, k) for k, n in enumerate(chunk) for child in n.children]
-            if below:
-                self._read([c for c, _ in below], [k for _, k in below], own, full_mask)
