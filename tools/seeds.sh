@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?usage: tools/seeds.sh read|audiomap|acecap SEED...}
 shift
+mkdir -p runs
 for seed in "$@"; do
   [ -n "${SKIP_RUNS:-}" ] && break
   start=$(date +%s)
