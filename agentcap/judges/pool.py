@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
+
+from agentcap.distributed import world
+from agentcap.sharding import is_sharded, shard_judge
 
 _LOADED: dict[str, Any] = {}
 _MODELS: list[Any] = []  # the model of every judge that may be sharded
@@ -81,11 +85,6 @@ def clear() -> None:
 
 
 def _shard(model: Any, device: str | None) -> None:
-    import sys
-
-    from agentcap.distributed import world
-    from agentcap.sharding import is_sharded, shard_judge
-
     if not is_sharded(model):
         shard_judge(model, _MESH, device)
         if world()[0] == 0:

@@ -70,9 +70,6 @@ def prefix_tree(prompts: Sequence[Sequence[int]], min_tokens: int = 1) -> Node:
 
 def _children(prompts, members: list[int], start: int, min_tokens: int) -> list[Node]:
     """The subtrees of ``members``, which all share their first ``start`` tokens."""
-    if len(members) == 1:
-        i = members[0]
-        return [Node(i, start, len(prompts[i]))]
     nodes, by_token = [], {}
     for i in members:
         if len(prompts[i]) - start == 1:  # its last token: a leaf now
