@@ -99,7 +99,8 @@ class EvidenceGameEnv(CaptionEnv):
     supervised warm start). budget: K. examiner: ``rule`` (toy worlds only) or a local HF causal LM.
     question_cost, stop_cost, preserve_weight: c_Q, c_S, λ of LOOP-GRPO. demo_questions, demo_order:
     how many gold questions the warm-start demonstrations ask (``needed``: as many as the gold MCQ
-    bank rewards beyond c0, see ``needed_questions``), and which (see ``demonstrations``).
+    bank rewards beyond c0, see ``needed_questions``; ``random``: a per-item draw that ignores the
+    clip, so only LOOP-GRPO can teach when to stop), and which (see ``demonstrations``).
 
     ## Version history
     v0: first version.
@@ -122,7 +123,7 @@ class EvidenceGameEnv(CaptionEnv):
         question_cost: float = 0.0,
         stop_cost: float = 0.0,
         preserve_weight: float = 1.0,
-        demo_questions: int | Literal["needed"] | None = None,
+        demo_questions: int | Literal["needed", "random"] | None = None,
         demo_order: Literal["manifest", "shuffled"] = "manifest",
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
@@ -142,9 +143,9 @@ class EvidenceGameEnv(CaptionEnv):
         self.examiner_spec, self.examiner_device = examiner, examiner_device
         self.examiner_readout = examiner_readout
         self.loop = LoopConfig(question_cost=question_cost, stop_cost=stop_cost, preserve_weight=preserve_weight)
-        if not (demo_questions is None or demo_questions == "needed"
+        if not (demo_questions is None or demo_questions in ("needed", "random")
                 or (isinstance(demo_questions, int) and demo_questions >= 0)):
-            raise ValueError(f"demo_questions must be an int >= 0, 'needed' or None, got {demo_questions!r}")
+            raise ValueError(f"demo_questions must be an int >= 0, 'needed', 'random' or None, got {demo_questions!r}")
         self.demo_questions = budget if demo_questions is None else demo_questions
         self._needed: dict[str, list[int]] = {}
         if demo_order not in ("manifest", "shuffled"):
@@ -262,7 +263,9 @@ class EvidenceGameEnv(CaptionEnv):
     def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
         """Every role's targets from the gold data, in game order: c0 = the short caption (else the
         gold caption's first sentence), min(demo_questions, K) gold questions (``needed``: those of
-        :meth:`needed_questions`, so the count follows the clip), each followed by its gold answer
+        :meth:`needed_questions`, so the count follows the clip; ``random``: those first, then the
+        clip's other pairs, cut at a count drawn from 0..K by the item's id, so the count does not
+        follow the clip), each followed by its gold answer
         (Instruct), READY when fewer than K were asked, then the gold caption as the final caption.
 
         The questions are the manifest's first ones, or with ``demo_order="shuffled"`` a draw seeded
@@ -274,11 +277,21 @@ class EvidenceGameEnv(CaptionEnv):
         c0 = item.get("short_caption") or (sentences(item["caption"]) or [item["caption"]])[0]
         # never more questions than the game allows: the K-th answer is followed by the final turn
         qa = [(q["question"], q["answer"]) for q in item.get("qa", [])]
+        draw = random.Random(zlib.crc32(str(item["id"]).encode()))
         if self.demo_questions == "needed":
             qa = [qa[k] for k in self.needed_questions(item, c0)]
+            count = self.budget
+        elif self.demo_questions == "random":
+            # the needed pairs first, then the redundant rest: k < needed stops too early, k > needed
+            # asks what the evidence already holds; k is independent of the clip (0..K, uniform)
+            needed = self.needed_questions(item, c0)
+            qa = [qa[k] for k in needed] + [p for k, p in enumerate(qa) if k not in needed]
+            count = draw.randint(0, self.budget)
+        else:
+            count = min(self.demo_questions, self.budget)
         if self.demo_order == "shuffled":
-            random.Random(zlib.crc32(str(item["id"]).encode())).shuffle(qa)
-        qa = qa[: self.budget if self.demo_questions == "needed" else min(self.demo_questions, self.budget)]
+            draw.shuffle(qa)
+        qa = qa[:count]
         demos = [(self.captioner_obs(item), c0)]
         for t, (question, answer) in enumerate(qa):
             demos.append((self.composer_obs(c0, qa[:t], finalize=False), f"ASK : {question}"))

@@ -411,6 +411,24 @@ def test_needed_demonstrations_ask_one_question_per_event_then_stop(make, sound_
         make(demo_questions="all")
 
 
+def test_random_demonstrations_ask_a_count_that_ignores_the_clip(make, sound_rows):
+    env = make(budget=4, demo_questions="random").unwrapped
+    needed = make(budget=4, demo_questions="needed").unwrapped
+    counts_by_events: dict[int, set[int]] = {}
+    for i, item in enumerate(env.items):
+        targets = [t for _, t in env.demonstrations(item)]
+        assert targets == [t for _, t in env.demonstrations(item)], "the same item must always show the same count"
+        asked = [t.removeprefix("ASK : ") for t in targets if t.startswith("ASK")]
+        assert 0 <= len(asked) <= 4 and ("READY" in targets) == (len(asked) < 4)
+        # the needed questions come first, then the clip's other gold questions (redundant evidence)
+        first = [t.removeprefix("ASK : ") for t in (t for _, t in needed.demonstrations(item)) if t.startswith("ASK")]
+        gold = [q["question"] for q in sound_rows[i]["qa"]]
+        assert asked == (first + [q for q in gold if q not in first])[: len(asked)]
+        counts_by_events.setdefault(len(sound_rows[i]["events"]), set()).add(len(asked))
+    # clips with the same number of events get different counts: the count does not follow the clip
+    assert any(len(c) > 1 for c in counts_by_events.values())
+
+
 def test_episode_extras_count_events_and_extra_questions(make, sound_rows):
     env = make(budget=4)
     index = next(i for i, r in enumerate(sound_rows) if len(r["events"]) == 1)

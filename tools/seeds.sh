@@ -5,23 +5,27 @@
 #   bash tools/seeds.sh read 5 6 7
 #   SKIP_RUNS=1 bash tools/seeds.sh read 5 6 7     (only the tables, from finished runs)
 #   DEMO_FLAGS="--model.eval_limit 30" bash tools/seeds.sh acecap 5 6 7
+#   RUNS=runs/stopping DEMO_FLAGS="--config configs/demo/acecap-stopping.yaml" bash tools/seeds.sh acecap 5 6 7
+#                                                     (RUNS: where the runs go, default runs/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?usage: tools/seeds.sh read|audiomap|acecap SEED...}
 shift
-mkdir -p runs
+runs=${RUNS:-runs}
+mkdir -p "$runs"
 for seed in "$@"; do
   [ -n "${SKIP_RUNS:-}" ] && break
   start=$(date +%s)
-  rm -rf "runs/$name-demo-s$seed"  # a fresh run, not a resume of an older one
+  rm -rf "$runs/$name-demo-s$seed"  # a fresh run, not a resume of an older one
   # shellcheck disable=SC2086  # DEMO_FLAGS: extra `agentcap fit` flags, e.g. "--config short.yaml"
   bash tools/demo.sh "$name" ${DEMO_FLAGS:-} --seed_everything "$seed" --model.seed "$seed" \
-      --model.run_dir "runs/$name-demo-s$seed" --trainer.logger.init_args.save_dir "runs/$name-demo-s$seed" \
-      > "runs/$name-demo-s$seed.log" 2>&1
+      --model.run_dir "$runs/$name-demo-s$seed" --trainer.logger.init_args.save_dir "$runs/$name-demo-s$seed" \
+      > "$runs/$name-demo-s$seed.log" 2>&1
   echo "seed $seed: $(( $(date +%s) - start )) s"
 done
 case "$name" in
   acecap) pairs=S1:S4,S1:S5,S4:S5 ;;
   *) pairs=before_grpo:after_grpo,before_grpo_sampled:after_grpo_sampled ;;
 esac
-.venv/bin/python tools/seed_stats.py "$name" "$@" --pairs "$pairs" | tee "runs/$name-seeds.md"
+pairs=${PAIRS:-$pairs}  # e.g. PAIRS=S1_sampled:S5_sampled for acecap-stopping.yaml
+.venv/bin/python tools/seed_stats.py "$name" "$@" --pairs "$pairs" --root "$runs" | tee "$runs/$name-seeds.md"
