@@ -83,3 +83,18 @@ def test_report_names_tuned_seeds_and_missing_runs(tmp_path) -> None:
     assert "(tuned on: 0)" in stats.report("toy", ["0", "5"], [], root=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="toy-demo-s9"):
         stats.report("toy", ["9"], [], root=str(tmp_path))
+
+
+def test_enough_minus_short_compares_within_event_counts() -> None:
+    rows = [
+        {"events": 1.0, "questions": 1.0, "g2p_final": 0.5},
+        {"events": 1.0, "questions": 0.0, "g2p_final": 0.1},
+        {"events": 2.0, "questions": 3.0, "g2p_final": 0.0},
+        {"events": 2.0, "questions": 2.0, "g2p_final": 0.2},
+        {"events": 2.0, "questions": 1.0, "g2p_final": -0.4},
+        {"events": 3.0, "questions": 3.0, "g2p_final": 9.0},  # no 'fewer' side: says nothing
+    ]
+    # events 1: 0.5 - 0.1 = 0.4 (weight 1/2); events 2: 0.1 - (-0.4) = 0.5 (weight 2/3)
+    expected = (0.5 * 0.4 + 2 / 3 * 0.5) / (0.5 + 2 / 3)
+    assert stats.enough_minus_short(rows, "g2p_final") == pytest.approx(expected)
+    assert math.isnan(stats.enough_minus_short(rows[-1:], "g2p_final"))

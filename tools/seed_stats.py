@@ -8,7 +8,10 @@ over seeds nobody tuned on, with an interval. For each metric this prints
   noise: does the gain hold for a new seed?) and over items (after − before on the same held-out
   item, pooled over seeds: is the evaluation set large enough to see the gain?);
 * for ACE-Cap, the Pearson correlation between the questions a Composer asked and the clip's
-  number of events, per stage (the adaptive stopping the paper claims).
+  number of events, per stage (the adaptive stopping the paper claims), and what asking enough
+  pays: G2P of the evidence and of the final caption when the Composer asked at least as many
+  questions as the clip has events, minus when it asked fewer (within clips of equal event count).
+  The stop utility (Eq. 15) sees only the final caption, so evidence that c^F drops earns nothing.
 
 No scipy here: the t quantile comes from the regularised incomplete beta function (Lentz's
 continued fraction) inverted by bisection, checked against tables in tests/test_seed_stats.py.
@@ -141,6 +144,23 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sxy / math.sqrt(sxx * syy)
 
 
+def enough_minus_short(rows: Sequence[dict[str, float]], metric: str) -> float:
+    """Mean ``metric`` of episodes that asked ≥ events questions minus that of those that asked fewer,
+    within each event count, averaged with weights n_enough · n_short / n (a stratum with only one
+    side says nothing); NaN when no stratum has both."""
+    strata: dict[float, tuple[list[float], list[float]]] = {}
+    for r in rows:
+        enough, short = strata.setdefault(r["events"], ([], []))
+        (enough if r["questions"] >= r["events"] else short).append(r[metric])
+    total = weight = 0.0
+    for enough, short in strata.values():
+        if enough and short:
+            w = len(enough) * len(short) / (len(enough) + len(short))
+            total += w * (sum(enough) / len(enough) - sum(short) / len(short))
+            weight += w
+    return total / weight if weight else float("nan")
+
+
 # --- one demo over seeds ----------------------------------------------------------------------
 def load_runs(name: str, seeds: Sequence[str], root: str = "runs") -> dict[str, str]:
     """Run folders by seed, ``<root>/<name>-demo-s<seed>``, each with its summary.json."""
@@ -186,9 +206,9 @@ def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], ro
             per_seed = ", ".join(f"{d:+.3f}" for d in diffs)
             lines.append(f"| {m} | {mean_interval(b)} | {mean_interval(a)} | {mean_interval(diffs)} | "
                          f"{mean_interval(per_item)} (n={len(per_item)}) | {per_seed} |")
-    correlations = []
+    correlations, payoffs = [], []
     for stage in stages:
-        per_seed = []
+        per_seed, payoff = [], {"g2p_evidence": [], "g2p_final": []}
         for s, folder in runs.items():
             try:
                 rows = list(read_eval_items(folder, stage).values())
@@ -197,13 +217,23 @@ def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], ro
             rows = [r for r in rows if "questions" in r and "events" in r]
             if rows:
                 per_seed.append(pearson([r["questions"] for r in rows], [r["events"] for r in rows]))
+            if rows and all(m in r for r in rows for m in payoff):
+                for m, values in payoff.items():
+                    values.append(enough_minus_short(rows, m))
         if len(per_seed) == len(seeds):
             values = ", ".join("n/a" if math.isnan(r) else f"{r:.3f}" for r in per_seed)
             correlations.append(f"| {stage} | {mean_interval(per_seed)} | {values} |")
+        if all(len(v) == len(seeds) and not any(map(math.isnan, v)) for v in payoff.values()):
+            payoffs.append(f"| {stage} | {mean_interval(payoff['g2p_evidence'])} | {mean_interval(payoff['g2p_final'])} |")
     if correlations:
         lines += ["", "Pearson r(questions asked, events in the clip) over held-out clips "
                   "(n/a: the Composer asked the same number every time).", "",
                   "| stage | r over seeds | per seed |", "|---|---|---|", *correlations]
+    if payoffs:
+        lines += ["", "What asking enough pays: G2P when the Composer asked ≥ as many questions as the clip has "
+                  "events, minus when it asked fewer, within clips of equal event count (stages where every "
+                  "seed has both kinds).", "",
+                  "| stage | G2P(E): enough − fewer | G2P(c^F): enough − fewer |", "|---|---|---|", *payoffs]
     return "\n".join(lines)
 
 
