@@ -100,7 +100,8 @@ class EvidenceGameEnv(CaptionEnv):
     question_cost, stop_cost, preserve_weight: c_Q, c_S, λ of LOOP-GRPO. demo_questions, demo_order:
     how many gold questions the warm-start demonstrations ask (``needed``: as many as the gold MCQ
     bank rewards beyond c0, see ``needed_questions``; ``random``: a per-item draw that ignores the
-    clip, so only LOOP-GRPO can teach when to stop), and which (see ``demonstrations``).
+    clip; ``padded``: the needed ones plus a per-item draw of redundant ones, so only LOOP-GRPO can
+    teach when to stop), and which (see ``demonstrations``).
 
     ## Version history
     v0: first version.
@@ -123,7 +124,7 @@ class EvidenceGameEnv(CaptionEnv):
         question_cost: float = 0.0,
         stop_cost: float = 0.0,
         preserve_weight: float = 1.0,
-        demo_questions: int | Literal["needed", "random"] | None = None,
+        demo_questions: int | Literal["needed", "random", "padded"] | None = None,
         demo_order: Literal["manifest", "shuffled"] = "manifest",
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
@@ -143,9 +144,10 @@ class EvidenceGameEnv(CaptionEnv):
         self.examiner_spec, self.examiner_device = examiner, examiner_device
         self.examiner_readout = examiner_readout
         self.loop = LoopConfig(question_cost=question_cost, stop_cost=stop_cost, preserve_weight=preserve_weight)
-        if not (demo_questions is None or demo_questions in ("needed", "random")
+        if not (demo_questions is None or demo_questions in ("needed", "random", "padded")
                 or (isinstance(demo_questions, int) and demo_questions >= 0)):
-            raise ValueError(f"demo_questions must be an int >= 0, 'needed', 'random' or None, got {demo_questions!r}")
+            raise ValueError(
+                f"demo_questions must be an int >= 0, 'needed', 'random', 'padded' or None, got {demo_questions!r}")
         self.demo_questions = budget if demo_questions is None else demo_questions
         self._needed: dict[str, list[int]] = {}
         if demo_order not in ("manifest", "shuffled"):
@@ -265,7 +267,8 @@ class EvidenceGameEnv(CaptionEnv):
         gold caption's first sentence), min(demo_questions, K) gold questions (``needed``: those of
         :meth:`needed_questions`, so the count follows the clip; ``random``: those first, then the
         clip's other pairs, cut at a count drawn from 0..K by the item's id, so the count does not
-        follow the clip), each followed by its gold answer
+        follow the clip; ``padded``: the same with the count drawn from needed..K), each followed by
+        its gold answer
         (Instruct), READY when fewer than K were asked, then the gold caption as the final caption.
 
         The questions are the manifest's first ones, or with ``demo_order="shuffled"`` a draw seeded
@@ -281,12 +284,13 @@ class EvidenceGameEnv(CaptionEnv):
         if self.demo_questions == "needed":
             qa = [qa[k] for k in self.needed_questions(item, c0)]
             count = self.budget
-        elif self.demo_questions == "random":
-            # the needed pairs first, then the redundant rest: k < needed stops too early, k > needed
-            # asks what the evidence already holds; k is independent of the clip (0..K, uniform)
+        elif self.demo_questions in ("random", "padded"):
+            # the needed pairs first, then the redundant rest; k > needed asks what the evidence
+            # already holds. random: k from 0..K, so it also stops too early and its final caption
+            # states facts its evidence lacks; padded: k from needed..K, every fact of c^F was asked
             needed = self.needed_questions(item, c0)
             qa = [qa[k] for k in needed] + [p for k, p in enumerate(qa) if k not in needed]
-            count = draw.randint(0, self.budget)
+            count = draw.randint(0 if self.demo_questions == "random" else min(len(needed), self.budget), self.budget)
         else:
             count = min(self.demo_questions, self.budget)
         if self.demo_order == "shuffled":

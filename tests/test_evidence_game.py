@@ -411,8 +411,9 @@ def test_needed_demonstrations_ask_one_question_per_event_then_stop(make, sound_
         make(demo_questions="all")
 
 
-def test_random_demonstrations_ask_a_count_that_ignores_the_clip(make, sound_rows):
-    env = make(budget=4, demo_questions="random").unwrapped
+@pytest.mark.parametrize("mode", ["random", "padded"])
+def test_random_demonstrations_ask_a_count_that_ignores_the_clip(make, sound_rows, mode):
+    env = make(budget=4, demo_questions=mode).unwrapped
     needed = make(budget=4, demo_questions="needed").unwrapped
     counts_by_events: dict[int, set[int]] = {}
     for i, item in enumerate(env.items):
@@ -424,6 +425,8 @@ def test_random_demonstrations_ask_a_count_that_ignores_the_clip(make, sound_row
         first = [t.removeprefix("ASK : ") for t in (t for _, t in needed.demonstrations(item)) if t.startswith("ASK")]
         gold = [q["question"] for q in sound_rows[i]["qa"]]
         assert asked == (first + [q for q in gold if q not in first])[: len(asked)]
+        if mode == "padded":  # never fewer than the needed ones: every fact of the final caption was asked
+            assert len(asked) >= len(first)
         counts_by_events.setdefault(len(sound_rows[i]["events"]), set()).add(len(asked))
     # clips with the same number of events get different counts: the count does not follow the clip
     assert any(len(c) > 1 for c in counts_by_events.values())

@@ -24,4 +24,5 @@ case "$name" in
     ;;
   *) echo "unknown demo '$name' (read, audiomap, acecap)" >&2; exit 2 ;;
 esac
-exec .venv/bin/agentcap fit --config "configs/demo/$name.yaml" "$@"
+# CONFIG: another recipe of this demo in place of configs/demo/NAME.yaml (e.g. acecap-stopping.yaml)
+exec .venv/bin/agentcap fit --config "${CONFIG:-configs/demo/$name.yaml}" "$@"
