@@ -222,7 +222,9 @@ def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], ro
                     values.append(enough_minus_short(rows, m))
         if len(per_seed) == len(seeds):
             values = ", ".join("n/a" if math.isnan(r) else f"{r:.3f}" for r in per_seed)
-            correlations.append(f"| {stage} | {mean_interval(per_seed)} | {values} |")
+            r = mean_interval(per_seed)
+            of = f" ({r.n} of {len(seeds)} seeds)" if 0 < r.n < len(seeds) else ""  # n/a seeds asked a constant count
+            correlations.append(f"| {stage} | {r}{of} | {values} |")
         if all(len(v) == len(seeds) and not any(map(math.isnan, v)) for v in payoff.values()):
             payoffs.append(f"| {stage} | {mean_interval(payoff['g2p_evidence'])} | {mean_interval(payoff['g2p_final'])} |")
     if correlations:
