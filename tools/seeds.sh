@@ -5,9 +5,10 @@
 #   bash tools/seeds.sh read 5 6 7
 #   SKIP_RUNS=1 bash tools/seeds.sh read 5 6 7     (only the tables, from finished runs)
 #   DEMO_FLAGS="--model.eval_limit 30" bash tools/seeds.sh acecap 5 6 7
-#   RUNS=runs/stopping CONFIG=configs/demo/acecap-stopping.yaml PAIRS=S1_sampled:S5_sampled,S1:S5 \
-#       bash tools/seeds.sh acecap 5 6 7    (CONFIG: the recipe in place of configs/demo/NAME.yaml)
-#                                                     (RUNS: where the runs go, default runs/)
+#   RUNS=runs/padded CONFIG=configs/demo/acecap-stopping.yaml PAIRS=S1_sampled:S5_sampled,S1:S5 \
+#       bash tools/seeds.sh acecap 5 6 7
+#   RUNS: where the runs go (default runs/); CONFIG: the recipe in place of configs/demo/NAME.yaml;
+#   PAIRS: the BEFORE:AFTER stages to pair (default: the demo's own)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?usage: tools/seeds.sh read|audiomap|acecap SEED...}
