@@ -98,3 +98,27 @@ def test_enough_minus_short_compares_within_event_counts() -> None:
     expected = (0.5 * 0.4 + 2 / 3 * 0.5) / (0.5 + 2 / 3)
     assert stats.enough_minus_short(rows, "g2p_final") == pytest.approx(expected)
     assert math.isnan(stats.enough_minus_short(rows[-1:], "g2p_final"))
+
+
+def test_report_shows_what_asking_enough_pays_and_how_many_seeds_a_correlation_averages(tmp_path) -> None:
+    rows = {
+        5: [(1, 1, 0.4), (1, 0, 0.0), (2, 2, 0.2), (2, 1, -0.2)],  # questions vary: r defined
+        6: [(1, 4, 0.1), (1, 4, 0.1), (2, 4, 0.3), (2, 4, 0.3)],  # always 4: r n/a, no 'fewer' side
+    }
+    for seed, items in rows.items():
+        folder = tmp_path / f"toy-demo-s{seed}"
+        evals = [{"id": f"c{i}", "events": float(e), "questions": float(q), "g2p_evidence": g, "g2p_final": g}
+                 for i, (e, q, g) in enumerate(items)]
+        write_eval_items(str(folder), "S1", evals)
+        (folder / "summary.json").write_text(json.dumps({"S1": {"g2p_final": 0.0}}))
+    text = stats.report("toy", ["5", "6"], [], root=str(tmp_path))
+    assert "| S1 | 0.707 (1 of 2 seeds) | 0.707, n/a |" in text
+    assert "What asking enough pays" not in text  # seed 6 never asked fewer: no row
+    rows[6][0] = (1, 0, -0.3)  # now both seeds have both sides
+    (tmp_path / "toy-demo-s6").mkdir(exist_ok=True)
+    write_eval_items(str(tmp_path / "toy-demo-s6"), "S1", [
+        {"id": f"c{i}", "events": float(e), "questions": float(q), "g2p_evidence": g, "g2p_final": g}
+        for i, (e, q, g) in enumerate(rows[6])])
+    text = stats.report("toy", ["5", "6"], [], root=str(tmp_path))
+    # seed 5: (0.4 - 0.0) and (0.2 - -0.2), equal weights -> 0.4; seed 6: 0.1 - -0.3 = 0.4
+    assert f"| S1 | {stats.mean_interval([0.4, 0.4])} | {stats.mean_interval([0.4, 0.4])} |" in text
