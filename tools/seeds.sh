@@ -8,23 +8,40 @@
 #   RUNS=runs/padded CONFIG=configs/demo/acecap-stopping.yaml PAIRS=S1_sampled:S5_sampled,S1:S5 \
 #       bash tools/seeds.sh acecap 5 6 7
 #   RUNS: where the runs go (default runs/); CONFIG: the recipe in place of configs/demo/NAME.yaml;
-#   PAIRS: the BEFORE:AFTER stages to pair (default: the demo's own)
+#   PAIRS: the BEFORE:AFTER stages to pair (default: the demo's own); JOBS: seeds run at once
+#   (default 1). Every seed's figures are the same whichever JOBS ran it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?usage: tools/seeds.sh read|audiomap|acecap SEED...}
 shift
 runs=${RUNS:-runs}
 mkdir -p "$runs"
-for seed in "$@"; do
-  [ -n "${SKIP_RUNS:-}" ] && break
+jobs=${JOBS:-1}
+case "$jobs" in ''|*[!0-9]*|0) echo "JOBS='$jobs': expected a count of parallel runs (1 or more)" >&2; exit 2 ;; esac
+run_seed() {
+  local seed=$1 start
   start=$(date +%s)
   rm -rf "$runs/$name-demo-s$seed"  # a fresh run, not a resume of an older one
   # shellcheck disable=SC2086  # DEMO_FLAGS: extra `agentcap fit` flags, e.g. "--config short.yaml"
-  bash tools/demo.sh "$name" ${DEMO_FLAGS:-} --seed_everything "$seed" --model.seed "$seed" \
+  DEMO_STEP=fit bash tools/demo.sh "$name" ${DEMO_FLAGS:-} --seed_everything "$seed" --model.seed "$seed" \
       --model.run_dir "$runs/$name-demo-s$seed" --trainer.logger.init_args.save_dir "$runs/$name-demo-s$seed" \
-      > "$runs/$name-demo-s$seed.log" 2>&1
+      > "$runs/$name-demo-s$seed.log" 2>&1 || { echo "seed $seed: failed, see $runs/$name-demo-s$seed.log" >&2; return 1; }
   echo "seed $seed: $(( $(date +%s) - start )) s"
-done
+}
+if [ -z "${SKIP_RUNS:-}" ]; then
+  # the toy world once, before any fit reads it: parallel seeds must not regenerate it under each other
+  DEMO_STEP=prepare bash tools/demo.sh "$name"
+  # JOBS: seeds run at once (one intra-op thread each; a 2-core machine takes 2-3)
+  pids=()
+  for seed in "$@"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    run_seed "$seed" &
+    pids+=($!)
+  done
+  failed=0
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  [ "$failed" = 0 ] || exit 1
+fi
 case "$name" in
   acecap) pairs=S1:S4,S1:S5,S4:S5 ;;
   *) pairs=before_grpo:after_grpo,before_grpo_sampled:after_grpo_sampled ;;
