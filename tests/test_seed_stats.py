@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_tool
 
 from agentcap.evaluation.items import read_eval_items, write_eval_items
-from conftest import load_tool
 
 stats = load_tool("seed_stats")
 
@@ -67,7 +72,7 @@ def test_report_pairs_items_and_correlates_questions(tmp_path) -> None:
     text = stats.report("toy", ["5", "6", "7"], [("S1", "S4")], root=str(tmp_path), metrics=["reward"])
     assert "(none tuned on)" in text
     gains = stats.mean_interval([0.1, 0.2, 0.3])  # over seeds: mean 0.2, sd 0.1, df 2
-    assert f"| reward | 0.250 [" in text and str(gains) in text
+    assert "| reward | 0.250 [" in text and str(gains) in text
     assert "(n=18)" in text  # 6 items x 3 seeds, paired
     assert "| S1 | n/a | n/a, n/a, n/a |" in text  # constant questions before
     assert "| S4 | 1.000 [1.000, 1.000] | 1.000, 1.000, 1.000 |" in text  # questions = events after
@@ -122,3 +127,66 @@ def test_report_shows_what_asking_enough_pays_and_how_many_seeds_a_correlation_a
     text = stats.report("toy", ["5", "6"], [], root=str(tmp_path))
     # seed 5: (0.4 - 0.0) and (0.2 - -0.2), equal weights -> 0.4; seed 6: 0.1 - -0.3 = 0.4
     assert f"| S1 | {stats.mean_interval([0.4, 0.4])} | {stats.mean_interval([0.4, 0.4])} |" in text
+
+
+# --- tools/seeds.sh: one toy world, then JOBS seeds at once ------------------------------------
+FAKE_DEMO = """\
+echo "$DEMO_STEP $*" >> calls.txt
+if [ "$DEMO_STEP" = fit ]; then
+  echo "start $3" >> order.txt
+  sleep 1
+  case "$*" in *"--model.seed 6 "*) echo boom; exit 3 ;; esac
+  echo "end $3" >> order.txt
+fi
+"""
+
+
+@pytest.fixture
+def seeds_repo(tmp_path):
+    """tools/seeds.sh in a folder whose demo.sh and python only record how they were called."""
+    (tmp_path / "tools").mkdir()
+    shutil.copy(Path(__file__).parents[1] / "tools" / "seeds.sh", tmp_path / "tools" / "seeds.sh")
+    (tmp_path / "tools" / "demo.sh").write_text(FAKE_DEMO)
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\necho "stats $*"\n')
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    return tmp_path
+
+
+def _seeds(repo, *seeds, **env):
+    return subprocess.run(["bash", "tools/seeds.sh", "acecap", *seeds], cwd=repo, capture_output=True,
+                          text=True, env={**os.environ, **env}, timeout=60, check=False)
+
+
+def test_seeds_sh_prepares_the_world_once_then_runs_jobs_seeds_at_once(seeds_repo) -> None:
+    done = _seeds(seeds_repo, "5", "7", "8", JOBS="2", RUNS="out")
+    assert done.returncode == 0, done.stderr
+    calls = (seeds_repo / "calls.txt").read_text().splitlines()
+    assert calls[0] == "prepare acecap" and len(calls) == 4
+    assert sorted(c.split()[3] for c in calls[1:]) == ["5", "7", "8"]  # --seed_everything S
+    assert all(c.startswith("fit acecap") and "--model.run_dir out/acecap-demo-s" in c for c in calls[1:])
+    order = (seeds_repo / "order.txt").read_text().split("\n")
+    assert set(order[:2]) == {"start 5", "start 7"} and order.index("start 8") > 2  # two at once, then the third
+    assert "stats tools/seed_stats.py acecap 5 7 8 --pairs S1:S4,S1:S5,S4:S5 --root out" in done.stdout
+    assert (seeds_repo / "out" / "acecap-seeds.md").exists()
+
+
+def test_seeds_sh_a_failed_seed_names_its_log_and_fails_without_tables(seeds_repo) -> None:
+    done = _seeds(seeds_repo, "5", "6", JOBS="2")
+    assert done.returncode == 1
+    assert "seed 6: failed, see runs/acecap-demo-s6.log" in done.stderr
+    assert "boom" in (seeds_repo / "runs" / "acecap-demo-s6.log").read_text()
+    assert "seed 5:" in done.stdout and "stats" not in done.stdout
+
+
+def test_seeds_sh_one_job_runs_the_seeds_in_turn(seeds_repo) -> None:
+    assert _seeds(seeds_repo, "5", "7").returncode == 0
+    assert (seeds_repo / "order.txt").read_text().split() == ["start", "5", "end", "5", "start", "7", "end", "7"]
+
+
+@pytest.mark.parametrize("jobs", ["0", "two"])
+def test_seeds_sh_refuses_a_bad_jobs_count(seeds_repo, jobs) -> None:
+    done = _seeds(seeds_repo, "5", JOBS=jobs)
+    assert done.returncode == 2 and f"JOBS='{jobs}'" in done.stderr
+    assert not (seeds_repo / "calls.txt").exists()
