@@ -9,7 +9,7 @@
 #       bash tools/seeds.sh acecap 5 6 7
 #   RUNS: where the runs go (default runs/); CONFIG: the recipe in place of configs/demo/NAME.yaml;
 #   PAIRS: the BEFORE:AFTER stages to pair (default: the demo's own); JOBS: seeds run at once
-#   (default 1). Every seed's figures are the same whichever JOBS ran it.
+#   (default 1; each seed is its own process with one intra-op thread)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?usage: tools/seeds.sh read|audiomap|acecap SEED...}
