@@ -1,26 +1,27 @@
 """agentcap: captioning agents trained with reinforcement learning.
 
-Importing the package registers the built-in environments (``agentcap/<Name>-v0``) with Gymnasium.
-The training classes are imported on first use, so ``import agentcap`` stays light for env users.
+The public API, imported on first use so that ``import agentcap`` stays light. The built-in
+environments register through the ``gymnasium.envs`` entry point (``agentcap_envs``), not as a side
+effect of this import.
 """
 
 import importlib
 
-import agentcap_envs  # noqa: F401  (registers the built-in environments)
-from agentcap.env import CaptionEnv
-from agentcap.episode import Action, Episode, Score
-
 _LAZY = {
-    "GRPOModule": "agentcap.module",
-    "EnvSpec": "agentcap.splits",
-    "Stage": "agentcap.schedule",
-    "Agent": "agentcap.agents",
-    "AgentConfig": "agentcap.agents",
-    "RolloutDriver": "agentcap.rollout",
-    "check_env": "agentcap.testing",
+    "CaptionEnv": "agentcap.core.env",
+    "Action": "agentcap.core.episode",
+    "Episode": "agentcap.core.episode",
+    "Score": "agentcap.core.episode",
+    "check_env": "agentcap.core.check",
+    "GRPOModule": "agentcap.training.module",
+    "Stage": "agentcap.training.schedule",
+    "EnvConfig": "agentcap.rollout.splits",
+    "RolloutDriver": "agentcap.rollout.driver",
+    "Agent": "agentcap.agents.agent",
+    "AgentConfig": "agentcap.agents.agent",
 }
 
-__all__ = ["Action", "CaptionEnv", "Episode", "Score", *_LAZY]
+__all__ = list(_LAZY)
 __version__ = "0.1.0"
 
 
@@ -28,3 +29,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'agentcap' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

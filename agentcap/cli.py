@@ -22,20 +22,22 @@ import yaml
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from agentcap.agents.agent import MissingWeightsError
-from agentcap.callbacks import SampleTable, TickCheckpoint, TickStep, latest_checkpoint
-from agentcap.module import GRPOModule
-import agentcap.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn / grpo_fsdp)
+from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint
+from agentcap.resume.guard import changed_keys, move_aside
+from agentcap.training.callbacks import SampleTable, TickStep
+from agentcap.training.module import GRPOModule
+import agentcap.parallel.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn / grpo_fsdp)
 
 
 #: Subcommands outside LightningCLI: name → ("module:function" taking argv, returning an exit code;
 #: the one-line help ``agentcap --help`` lists). Add a command by adding a line.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "envs": ("agentcap.cli:envs_command", "List the registered agentcap environments."),
-    "caption": ("agentcap.inference:caption_command", "Caption clips or audio files with a trained system."),
-    "evaluate": ("agentcap.evaluation.command:evaluate_command",
+    "envs": ("agentcap.commands.envs:envs_command", "List the registered agentcap environments."),
+    "caption": ("agentcap.commands.caption:caption_command", "Caption clips or audio files with a trained system."),
+    "evaluate": ("agentcap.commands.evaluate:evaluate_command",
                  "The papers' metrics (BLEU, METEOR, ROUGE-L, CIDEr, R@k/N, …) for a run or predictions."),
-    "export": ("agentcap.export:export_command", "Write each trained agent as a save_pretrained folder."),
-    "plan": ("agentcap.plan:plan_command", "Memory per rank and stage of a config, from config.json files alone."),
+    "export": ("agentcap.commands.export:export_command", "Write each trained agent as a save_pretrained folder."),
+    "plan": ("agentcap.commands.plan:plan_command", "Memory per rank and stage of a config, from config.json files alone."),
 }
 
 
@@ -125,12 +127,12 @@ class AgentcapCLI(LightningCLI):
             return
         if mode == "fresh":
             if self.trainer.is_global_zero:
-                _move_aside(run_dir)
+                move_aside(run_dir)
             return
         last = latest_checkpoint(run_dir)
         if last is None:
             return
-        changed = _changed_keys(os.path.join(run_dir, "config.yaml"), self._dumped())
+        changed = changed_keys(os.path.join(run_dir, "config.yaml"), self._dumped())
         if changed and mode == "auto":
             raise SystemExit(
                 f"agentcap fit: {run_dir} holds a run started with another config ({'; '.join(changed)}).\n"
@@ -218,95 +220,6 @@ def _loggers_into_run_dir(trainer: Any, run_dir: str) -> None:
         init["save_dir"] = run_dir
         if init.get("dir") is not None:  # WandbLogger's alias of save_dir
             init["dir"] = run_dir
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: tree}
-
-
-#: What a resumed run must share with its start: everything that decides the results.
-RESUME_KEYS = ("model", "seed_everything")
-
-
-def _changed_keys(saved_path: str, current: dict[str, Any]) -> list[str]:
-    """``--key: saved → now`` for every result-deciding key that differs from the run's saved config."""
-    if not os.path.isfile(saved_path):
-        return []
-    with open(saved_path, encoding="utf-8") as handle:
-        saved = yaml.safe_load(handle) or {}
-    old = _flatten({k: saved.get(k) for k in RESUME_KEYS})
-    new = _flatten({k: current.get(k) for k in RESUME_KEYS})
-    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
-    # config.yaml holds every setting, so one it lacks came with a newer agentcap: at its default, no change
-    keys = [k for k in keys if k in old or not _added_at_default(k, new.get(k))]
-    return [f"--{k}: {old.get(k)!r} → {new.get(k)!r}" for k in keys]
-
-
-def _added_at_default(key: str, value: Any) -> bool:
-    """Whether ``key`` names a typed setting (a module argument or an agent field) now at its default."""
-    import dataclasses
-    import inspect
-
-    from agentcap.agents.agent import AgentConfig
-    from agentcap.module import GRPOModule
-
-    parts = key.split(".")
-    if len(parts) == 4 and parts[:2] == ["model", "agents"]:
-        field = {f.name: f for f in dataclasses.fields(AgentConfig)}.get(parts[3])
-        return field is not None and field.default is not dataclasses.MISSING and field.default == value
-    if len(parts) == 2 and parts[0] == "model":
-        param = inspect.signature(GRPOModule.__init__).parameters.get(parts[1])
-        return param is not None and param.default is not inspect.Parameter.empty and param.default == value
-    return False
-
-
-def _move_aside(run_dir: str) -> None:
-    """``--resume fresh``: the old run's files go to ``<run_dir>/replaced-<UTC time>/``, nothing is deleted."""
-    names = [n for n in ("checkpoints", "summary.json", "samples.jsonl", "tokenizers", "config.yaml",
-                         "predictions.jsonl") if os.path.exists(os.path.join(run_dir, n))]
-    if not names:
-        return
-    target = os.path.join(run_dir, time.strftime("replaced-%Y%m%dT%H%M%SZ", time.gmtime()))
-    os.makedirs(target, exist_ok=True)
-    for name in names:
-        os.replace(os.path.join(run_dir, name), os.path.join(target, name))
-    print(f"agentcap: --resume fresh: moved the old run's {', '.join(names)} to {target}", file=sys.stderr)
-
-
-def envs_command(argv: list[str]) -> int:
-    """``agentcap envs``: every registered agentcap environment, one line each."""
-    import argparse
-
-    import gymnasium as gym
-
-    import agentcap  # noqa: F401  (registers the built-ins)
-
-    parser = argparse.ArgumentParser(prog="agentcap envs", description="List the registered agentcap environments.")
-    parser.add_argument("modules", nargs="*", help="modules to import first (they register their own envs, also listed)")
-    modules = parser.parse_args(argv).modules
-    for module in modules:
-        __import__(module)
-    for env_id, spec in sorted(gym.registry.items()):
-        entry = spec.entry_point if isinstance(spec.entry_point, str) else spec.entry_point.__module__
-        if env_id.startswith("agentcap/") or modules:
-            summary = _first_doc_line(spec)
-            print(f"{env_id:32s} {entry:48s} {summary}")
-    return 0
-
-
-def _first_doc_line(spec: Any) -> str:
-    try:
-        from gymnasium.envs.registration import load_env_creator
-
-        creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
-        return (creator.__doc__ or "").strip().splitlines()[0]
-    except Exception as err:  # an env whose module fails to import is still listed
-        return f"(cannot import: {err})"
 
 
 #: Warnings a normal run raises that are false for agentcap (each says why).

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import soundfile
 
-import agentcap  # noqa: F401
-from agentcap.data import AudioDecodeError, ManifestError, TruncationWarning, check_audio, decoded_duration, load_audio
+import agentcap_envs  # noqa: F401  (registers the built-in environments)
+from agentcap.core.manifests import AudioDecodeError, ManifestError, TruncationWarning, check_audio, decoded_duration, load_audio
 
 RATE = 16000
 

@@ -11,7 +11,7 @@ import pytest
 import soundfile
 import yaml
 
-from agentcap.inference import caption_command
+from agentcap.commands.caption import caption_command
 
 
 def cloze_config(tmp_path, world, **kwargs) -> str:
@@ -91,7 +91,7 @@ def test_a_failing_item_costs_only_its_row(tmp_path, toy_soundscapes, monkeypatc
 
 
 def test_captions_are_on_disk_before_the_run_ends(tmp_path, toy_soundscapes, monkeypatch):
-    from agentcap.env import CaptionEnv
+    from agentcap.core.env import CaptionEnv
 
     caption, calls = CaptionEnv.caption, []
 

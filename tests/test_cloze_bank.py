@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentcap.agents.tokenizer import build_word_tokenizer
-from agentcap.data import ManifestError
+from agentcap.core.manifests import ManifestError
 from agentcap.judges.examiner import Question, RuleExaminer
 from agentcap.rewards.functional.cloze import evidence_sufficiency
 from conftest import load_tool, read_jsonl

@@ -17,8 +17,8 @@ import pytest
 from conftest import load_tool, read_jsonl
 import soundfile
 
-import agentcap  # noqa: F401  (registers the environments)
-from agentcap.data import ManifestError
+import agentcap_envs  # noqa: F401  (registers the built-in environments)
+from agentcap.core.manifests import ManifestError
 from agentcap.judges.examiner import RuleExaminer
 from agentcap.rewards.functional.cloze import answer_scores, curriculum_weights
 from agentcap_envs.cloze_caption import PROMPTS

@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import agentcap  # noqa: F401
-from agentcap.data import ManifestError, load_audio, read_manifest
+import agentcap_envs  # noqa: F401  (registers the built-in environments)
+from agentcap.core.manifests import ManifestError, load_audio, read_manifest
 
 
 def write_rows(path, rows):

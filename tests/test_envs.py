@@ -5,7 +5,7 @@ from __future__ import annotations
 import gymnasium as gym
 import pytest
 
-import agentcap  # noqa: F401  (registers the built-ins)
+import agentcap_envs  # noqa: F401  (registers the built-in environments)
 from agentcap.testing import check_env
 
 REGISTERED = sorted(env_id for env_id in gym.registry if env_id.startswith("agentcap/"))

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from conftest import load_tool, read_jsonl
 
-import agentcap  # noqa: F401  (registers the environments)
+import agentcap_envs  # noqa: F401  (registers the built-in environments)
 from agentcap.rewards.evidence import serialize_evidence
-from agentcap.data import ManifestError
+from agentcap.core.manifests import ManifestError
 from agentcap.judges.examiner import RuleExaminer
 from agentcap_envs.evidence_game import PROMPTS, parse_composer_action
 
@@ -477,7 +477,7 @@ def test_rollout_driver_plays_and_scores_through_other_env_instances(make, sound
     """The driver steps a pool of envs and scores every episode with the first one (one batch)."""
     import torch
 
-    from agentcap.rollout import RolloutDriver
+    from agentcap.rollout.driver import RolloutDriver
 
     s = _script(sound_rows[one])
 

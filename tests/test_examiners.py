@@ -14,7 +14,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from agentcap.agents.tokenizer import build_word_tokenizer
-from agentcap.data import ManifestError
+from agentcap.core.manifests import ManifestError
 from agentcap.judges.examiner import LETTERS, Examiner, LLMExaminer, Question, RuleExaminer, parse_letter
 from agentcap.judges.prefix import MIN_TOKENS, prefix_tree
 from agentcap.judges.temporal import (

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from agentcap.export import export_agent
+from agentcap.commands.export import export_agent
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = [
@@ -55,7 +55,7 @@ def lora_run(tmp_path_factory, toy_movie):
 
 
 def test_lora_checkpoint_holds_adapters_only_and_resumes(lora_run):
-    from agentcap.inference import load_module
+    from agentcap.resume.loading import load_module
 
     config, run_dir = lora_run
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
@@ -73,7 +73,7 @@ def test_lora_checkpoint_holds_adapters_only_and_resumes(lora_run):
 def test_export_loads_and_generates_with_plain_transformers(lora_run, tmp_path, merge):
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from agentcap.inference import load_module
+    from agentcap.resume.loading import load_module
 
     config, run_dir = lora_run
     out = tmp_path / "export"

@@ -98,7 +98,7 @@ def _judges():
 def _worker(rank: int, port: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from agentcap.sharding import is_sharded
+    from agentcap.parallel.sharding import is_sharded
 
     join_group(rank, port)
     try:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from agentcap.cli import AgentcapCLI, main
-from agentcap.module import GRPOModule
+from agentcap.training.module import GRPOModule
 
 STAGES = [
     {"name": "sft", "kind": "sft", "agent": "policy", "steps": 2},
@@ -107,8 +107,8 @@ def test_rollout_metrics_report_the_spread_inside_groups():
 
     import torch
 
-    from agentcap.logs import rollout_metrics
-    from agentcap.rollout import RolloutBatch
+    from agentcap.training.logs import rollout_metrics
+    from agentcap.rollout.driver import RolloutBatch
 
     spans = [SimpleNamespace(kind="answer", group=g, utility=u, completion_ids=torch.zeros(1))
              for g, u in [(0, 1.0), (0, 1.0), (1, 0.0), (1, 2.0)]]
@@ -120,7 +120,7 @@ def test_rollout_metrics_report_the_spread_inside_groups():
 
 def test_captions_table_is_the_per_item_rows():
     """Loggers with tables (W&B) get the rows of eval/<stage>.jsonl, every field a column."""
-    from agentcap.logs import log_captions
+    from agentcap.training.logs import log_captions
 
     class TableLogger:
         def log_table(self, **kwargs):

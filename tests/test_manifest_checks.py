@@ -8,8 +8,8 @@ import json
 import gymnasium as gym
 import pytest
 
-import agentcap  # noqa: F401
-from agentcap.data import ManifestError, read_manifest
+import agentcap_envs  # noqa: F401  (registers the built-in environments)
+from agentcap.core.manifests import ManifestError, read_manifest
 
 
 def rows_of(world, split="train"):
@@ -92,7 +92,7 @@ def test_a_finished_episode_cannot_be_stepped(env_id, world, request):
 
 
 def test_max_turns_follow_the_environment_bound(toy_soundscapes):
-    from agentcap.rollout import RolloutDriver
+    from agentcap.rollout.driver import RolloutDriver
 
     manifest = str(toy_soundscapes / "val.jsonl")
     make = lambda: gym.make("agentcap/EvidenceGame-v0", manifest=manifest, budget=40, prompt="compact")  # noqa: E731

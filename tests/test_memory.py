@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from agentcap.agents.agent import AgentConfig, build_agent, pad_right
-from agentcap.inference import load_module
-from agentcap.optim import lr_factor, micro_batches
+from agentcap.resume.loading import load_module
+from agentcap.training.optim import lr_factor, micro_batches
 
 STAGES = [
     {"name": "sft", "kind": "sft", "agent": "policy", "steps": 2},
@@ -74,7 +74,7 @@ def test_micro_batches_1x8_equal_8x1_in_loss_grads_and_weights(tmp_path, toy_mov
 
 
 def test_a_sharded_rank_short_of_passes_runs_stand_ins_at_scale_zero(monkeypatch):
-    from agentcap import optim
+    from agentcap.training import optim
 
     agent = SimpleNamespace(name="policy", model=None)
     monkeypatch.setattr(optim.distributed, "world", lambda: (1, 2))
@@ -203,7 +203,7 @@ def _mixed_precision_worker(rank: int, port: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from agentcap.sharding import _shard, mixed_precision
+    from agentcap.parallel.sharding import _shard, mixed_precision
 
     join_group(rank, port)
     try:
@@ -236,7 +236,7 @@ def test_bf16_mixed_under_sharding_gathers_in_bf16_and_keeps_fp32_masters(tmp_pa
 
     from gloo import run_in_two_processes
 
-    from agentcap.sharding import mixed_precision
+    from agentcap.parallel.sharding import mixed_precision
 
     assert mixed_precision("32-true") is None and mixed_precision("bf16-true") is None
     run_in_two_processes(_mixed_precision_worker, str(tmp_path))

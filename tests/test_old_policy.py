@@ -11,7 +11,7 @@ import torch
 from agentcap.agents import AgentConfig, build_agent
 from agentcap.agents.agent import pad_right
 from agentcap.algorithms.grpo import clipped_objective, token_weights
-from agentcap.old_policy import fill_old_logprobs, old_or_current
+from agentcap.training.old_policy import fill_old_logprobs, old_or_current
 
 
 @pytest.fixture

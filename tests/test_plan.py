@@ -11,7 +11,7 @@ import pytest
 import transformers
 import yaml
 
-from agentcap.plan import GIB, lora_params, model_size, plan, plan_command
+from agentcap.commands.plan import GIB, lora_params, model_size, plan, plan_command
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN2 = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,

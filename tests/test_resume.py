@@ -14,7 +14,8 @@ import pytest
 import torch
 import yaml
 
-from agentcap.callbacks import SampleTable, TickCheckpoint, checkpoints, latest_checkpoint
+from agentcap.resume.checkpoints import TickCheckpoint, checkpoints, latest_checkpoint
+from agentcap.training.callbacks import SampleTable
 from agentcap.cli import main
 
 STAGES = [{"name": "sft", "kind": "sft", "agent": "policy", "steps": 3}]
@@ -146,15 +147,15 @@ def test_samples_written_after_the_checkpoint_are_dropped_on_resume(tmp_path):
 def test_a_setting_added_by_a_newer_agentcap_is_no_change_at_its_default(tmp_path):
     """config.yaml holds every setting; one it lacks came with a newer agentcap and must not refuse
     the resume while it sits at its default. A free-form key it lacks (an env kwarg) still counts."""
-    from agentcap.cli import _changed_keys
+    from agentcap.resume.guard import changed_keys
 
     saved = {"model": {"group_size": 4, "agents": {"policy": {"lr": 1e-3}}, "env": {"kwargs": {"budget": 2}}}}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(saved))
     now = {"model": {"group_size": 4, "agents": {"policy": {"lr": 1e-3, "share_prompts": True}},
                      "env": {"kwargs": {"budget": 2}}}}
-    assert _changed_keys(str(path), now) == []
+    assert changed_keys(str(path), now) == []
     now["model"]["agents"]["policy"]["share_prompts"] = False  # not the default: a change
     now["model"]["env"]["kwargs"]["extra"] = 1
-    assert _changed_keys(str(path), now) == [
+    assert changed_keys(str(path), now) == [
         "--model.agents.policy.share_prompts: None → False", "--model.env.kwargs.extra: None → 1"]

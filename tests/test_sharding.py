@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from agentcap.sharding import block_classes
+from agentcap.parallel.sharding import block_classes
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -88,7 +88,7 @@ def test_killed_sharded_run_resumes_exactly_and_two_nodes_run(tmp_path, toy_movi
     assert a["agentcap"]["tick"] == b["agentcap"]["tick"] == 7
     for key in a["state_dict"]:
         torch.testing.assert_close(a["state_dict"][key], b["state_dict"][key], atol=1e-6, rtol=1e-5, msg=key)
-    # bf16-mixed: FSDP2 computes in bf16 (agentcap.sharding.mixed_precision), the masters stay fp32
+    # bf16-mixed: FSDP2 computes in bf16 (agentcap.parallel.sharding.mixed_precision), the masters stay fp32
     assert {v.dtype for k, v in a["state_dict"].items() if v.is_floating_point()} == {torch.float32}
     s1, s2 = (json.loads((r / "summary.json").read_text())["after"] for r in (tmp_path / "nodes", run))
     assert s1 == s2 or max(abs(s1[k] - s2[k]) for k in s1) < 1e-6, (s1, s2)

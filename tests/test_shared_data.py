@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import soundfile
 
-import agentcap.data as data
-from agentcap.data import check_audio, load_audio
-from agentcap.env import CaptionEnv
+import agentcap.core.manifests as data
+from agentcap.core.manifests import check_audio, load_audio
+from agentcap.core.env import CaptionEnv
 
 
 class Clips(CaptionEnv):

@@ -98,8 +98,8 @@ class Timer:
 def agentcap_steps(args) -> dict:
     from agentcap.agents.agent import Agent, pad_right
     from agentcap.algorithms.grpo import clipped_objective, group_advantages, token_weights
-    from agentcap.old_policy import fill_old_logprobs, old_or_current
-    from agentcap.optim import build_optimizer, optimizer_step
+    from agentcap.training.old_policy import fill_old_logprobs, old_or_current
+    from agentcap.training.optim import build_optimizer, optimizer_step
 
     model, tokenizer = load(args.seed)
     model.generation_config.min_new_tokens = args.new_tokens  # same lengths as TRL's

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentcap.data import read_manifest
+from agentcap.core.manifests import read_manifest
 from agentcap.judges.examiner import BLANK, LETTERS, NOT_GIVEN, question_problems, sentences
 
 #: The toy soundscape world's attribute classes (tools/make_toy_soundscapes.py); ``type`` names the

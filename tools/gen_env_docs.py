@@ -14,7 +14,7 @@ from pathlib import Path
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-import agentcap  # noqa: F401  (registers the built-ins)
+import agentcap_envs  # noqa: F401  (registers the built-in environments)
 
 
 def page(env_id: str) -> str:

@@ -90,7 +90,7 @@ class AgentConfig:
 @dataclass
 class Generation:
     """One sampled action: its text, token ids, the learner's log-probs of them (old policy; ``None``
-    when not asked for: the update takes them from its own first forward, ``agentcap.old_policy``)
+    when not asked for: the update takes them from its own first forward, ``agentcap.training.old_policy``)
     and the sampler's own (a vLLM backend's; ``None`` under HF, where sampler = learner)."""
 
     text: str
@@ -193,7 +193,7 @@ class Agent(nn.Module):
     ) -> list[Generation]:
         """One batched sampling call per ``batch_size`` observations; returns texts, ids and, with
         ``old_logprobs``, the learner's log-probs (one more forward: GRPO skips it, see
-        ``agentcap.old_policy``).
+        ``agentcap.training.old_policy``).
 
         With ``seeds`` (one per observation) each row samples from its own generator
         (:class:`~agentcap.agents.sampling.RowSampler`), so a row's tokens do not depend on the

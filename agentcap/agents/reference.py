@@ -19,7 +19,7 @@ class Reference(torch.nn.Module):
     """A frozen copy of an agent's model, scored through the agent's own family (same encoding).
 
     A sharded agent cannot be deep-copied: it brings ``mirror``, a frozen copy sharded alike when
-    the agents were sharded (``agentcap.sharding.shard_agents``), which takes the policy's current
+    the agents were sharded (``agentcap.parallel.sharding.shard_agents``), which takes the policy's current
     weights here, each process its own shards."""
 
     def __init__(self, agent: Agent, mirror: torch.nn.Module | None = None):

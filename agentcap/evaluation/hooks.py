@@ -1,4 +1,4 @@
-"""The evaluation side of :class:`agentcap.module.GRPOModule`: Lightning's validate / test / predict
+"""The evaluation side of :class:`agentcap.training.module.GRPOModule`: Lightning's validate / test / predict
 hooks and the ``evaluate`` stages of a schedule, all through :func:`evaluate_rollouts`.
 
 A mixin, so that the module file stays the training algorithm; it reads the module's ``splits``,
@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from agentcap import distributed
+from agentcap.parallel import distributed
 from agentcap.evaluation.items import write_eval_items
 from agentcap.evaluation.rollouts import evaluate_rollouts, write_summary
-from agentcap.logs import emit, log_captions
-from agentcap.schedule import Stage
+from agentcap.training.logs import emit, log_captions
+from agentcap.training.schedule import Stage
 
 
 class EvaluationHooks:
@@ -42,7 +42,7 @@ class EvaluationHooks:
         env = driver.scorer.unwrapped
         rank, world = distributed.world()
         results = env.caption(driver, env.items[rank::world])
-        from agentcap.inference import write_predictions
+        from agentcap.commands.caption import write_predictions
 
         write_predictions(self.run_dir, results)
         return results

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from agentcap.distributed import gather_objects, most, share, world
-from agentcap.rollout import RolloutDriver
+from agentcap.parallel.distributed import gather_objects, most, share, world
+from agentcap.rollout.driver import RolloutDriver
 
 
 @torch.no_grad()

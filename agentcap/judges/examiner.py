@@ -28,10 +28,11 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
-from agentcap.data import ManifestError
-from agentcap.distributed import world
+from agentcap.core.manifests import ManifestError
+from agentcap.parallel.distributed import world
 from agentcap.judges.prefix import PrefixReader
-from agentcap.sharding import FORWARD, GENERATE, announce_pass, is_sharded, stand_in_passes
+from agentcap.parallel.lockstep import FORWARD, GENERATE, announce_pass, stand_in_passes
+from agentcap.parallel.sharding import is_sharded
 
 LETTERS = ("A", "B", "C", "D", "E")
 GOLD_LETTERS = LETTERS[:4]
@@ -262,7 +263,7 @@ def _save_dense_copy(model, tokenizer, target: Path) -> None:
 def collective_call(method):
     """A judge call that every process makes together when the judge is sharded: afterwards a
     process runs stand-in passes while any other still has passes of its own
-    (:func:`agentcap.sharding.stand_in_passes`)."""
+    (:func:`agentcap.parallel.lockstep.stand_in_passes`)."""
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):

@@ -20,8 +20,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from agentcap.distributed import world
-from agentcap.sharding import is_sharded, shard_judge
+from agentcap.parallel.distributed import world
+from agentcap.parallel.sharding import is_sharded, shard_judge
 
 _LOADED: dict[str, Any] = {}
 _MODELS: list[Any] = []  # the model of every judge that may be sharded

@@ -31,7 +31,7 @@ class HFBackend:
         once when the agent's ``share_prompts`` is on (:mod:`agentcap.agents.prefix`)."""
         from agentcap.agents.agent import trim_after_eos
         from agentcap.agents.sampling import RowSampler
-        from agentcap.sharding import synced_generation
+        from agentcap.parallel.sharding import synced_generation
 
         agent = self.agent
         kwargs: dict[str, Any] = dict(

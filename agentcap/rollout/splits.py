@@ -17,14 +17,17 @@ import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from agentcap.agents.agent import Agent
-from agentcap.distributed import world
-from agentcap.rollout import RolloutDriver
-from agentcap.schedule import Stage
+from agentcap.core.registry import load_env_plugins
+from agentcap.parallel.distributed import world
+from agentcap.rollout.driver import RolloutDriver
+from agentcap.training.schedule import Stage
 
 
 @dataclass
-class EnvSpec:
-    """Which registered environment to train on, and its keyword arguments per split.
+class EnvConfig:
+    """Which registered environment to train on, and its keyword arguments per split (``model.env``).
+
+    Not Gymnasium's ``EnvSpec`` (a registry entry): this is the run's choice of one, per split.
 
     Args:
         id: a registered id (``agentcap envs`` lists them); ``module:Id`` imports ``module`` first.
@@ -42,6 +45,7 @@ class EnvSpec:
 
     def make(self, split: str, overrides: dict[str, Any] | None = None, **extra) -> gym.Env:
         kwargs = {**self.kwargs, **getattr(self, split), **(overrides or {}), **extra}
+        load_env_plugins()
         return gym.make(self.id, **kwargs)
 
     def texts(self) -> list[str]:
@@ -61,7 +65,7 @@ class EnvSpec:
 class Splits:
     """Cached rollout drivers per split and stage, and the seeded item order of every step."""
 
-    def __init__(self, spec: EnvSpec, agents: Mapping[str, Agent], generation_batch_size: int, seed: int):
+    def __init__(self, spec: EnvConfig, agents: Mapping[str, Agent], generation_batch_size: int, seed: int):
         self.spec, self.agents = spec, agents
         self.generation_batch_size, self.seed = generation_batch_size, seed
         self.skipped_rows: dict[str, int] = {}

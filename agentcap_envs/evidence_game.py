@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from agentcap.rewards.evidence import LoopConfig, composer_utilities, evidence_states, serialize_evidence
-from agentcap.data import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
-from agentcap.env import CaptionEnv
-from agentcap.episode import Episode, Score
+from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
+from agentcap.core.env import CaptionEnv
+from agentcap.core.episode import Episode, Score
 from agentcap_envs.cloze_caption import question_bank
 
 CAPTIONER, COMPOSER, INSTRUCT = "captioner", "composer", "instruct"

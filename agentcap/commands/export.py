@@ -22,6 +22,9 @@ import sys
 
 import torch
 
+from agentcap.resume.checkpoints import TickCheckpoint
+from agentcap.resume.loading import load_module
+
 
 def trained_roles(module) -> list[str]:
     """Roles some stage of the schedule trains, in config order."""
@@ -79,8 +82,6 @@ def export_command(argv: list[str]) -> int:
     parser.add_argument("--agents", nargs="+", help="roles to export (default: every role the schedule trains)")
     args = parser.parse_args(argv)
 
-    from agentcap.callbacks import TickCheckpoint
-    from agentcap.inference import load_module
 
     module = load_module(args.config, None)
     checkpoint = args.checkpoint or TickCheckpoint.path(module.run_dir)

@@ -7,9 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from agentcap.data import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
-from agentcap.env import CaptionEnv
-from agentcap.episode import Episode, Score
+from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
+from agentcap.core.env import CaptionEnv
+from agentcap.core.episode import Episode, Score
 from agentcap.judges import build_examiner, build_temporal_examiner
 from agentcap.judges.pool import sharded as judges_sharded
 from agentcap.rewards.functional.cloze import anchor_problem

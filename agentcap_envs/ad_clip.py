@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from agentcap.data import ManifestError, check_duration, load_features, resolve
-from agentcap.env import CaptionEnv
-from agentcap.episode import Episode, Score
+from agentcap.core.manifests import ManifestError, check_duration, load_features, resolve
+from agentcap.core.env import CaptionEnv
+from agentcap.core.episode import Episode, Score
 
 AD_DEFINITION = (
     "Audio Descriptions (ADs) are written narrations that describe the visual elements of a video, "

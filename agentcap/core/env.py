@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from agentcap.data import SkipReport, read_manifest
-from agentcap.episode import Action, Episode, Score
-from agentcap.spaces import FreeText, observation_space
+from agentcap.core.manifests import SkipReport, read_manifest
+from agentcap.core.episode import Action, Episode, Score
+from agentcap.core.spaces import FreeText, observation_space
 
 
 class CaptionEnv(gym.Env):

@@ -14,7 +14,7 @@ before its weights are on disk. Per stage and rank the plan adds:
   completion logits in fp32, or the rollout's KV cache, whichever is larger,
 - under ``grpo_fsdp`` every agent and local examiner (not the coherence scorer) is divided by the
   world size, plus two gathered blocks in flight (bf16 under ``bf16-mixed``: FSDP2's
-  mixed-precision policy, ``agentcap.sharding``).
+  mixed-precision policy, ``agentcap.parallel.sharding``).
 
 A local judge folder named by several judges (examiner and temporal examiner) is loaded once
 (``agentcap.judges.pool``), in its checkpoint's dtype (taken as bf16 here).

@@ -19,9 +19,9 @@ import torch
 from agentcap.agents.agent import Agent
 from agentcap.agents.sampling import trajectory_seed
 from agentcap.judges.pool import sharded as judges_sharded
-from agentcap.sharding import Lockstep
-from agentcap.env import CaptionEnv
-from agentcap.episode import Episode, Score
+from agentcap.parallel.lockstep import Lockstep
+from agentcap.core.env import CaptionEnv
+from agentcap.core.episode import Episode, Score
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Span:
     observation: dict[str, Any]
     text: str
     completion_ids: torch.Tensor  # [T]
-    old_logprobs: torch.Tensor | None  # [T]; None until the update needs them (agentcap.old_policy)
+    old_logprobs: torch.Tensor | None  # [T]; None until the update needs them (agentcap.training.old_policy)
     sampler_logprobs: torch.Tensor | None = None  # [T], the sampler's (vLLM) own; off-policy correction
     utility: float | None = None
     advantage: float = 0.0

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentcap.distributed import gather_objects, share, world
-from agentcap.schedule import Stage
-from agentcap.splits import Splits
+from agentcap.parallel.distributed import gather_objects, share, world
+from agentcap.training.schedule import Stage
+from agentcap.rollout.splits import Splits
 
 
 class Replay:

@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from agentcap import distributed
+from agentcap.parallel import distributed
 from agentcap.agents.agent import Agent
-from agentcap.sharding import full_norm, needs_gradient_all_reduce
+from agentcap.parallel.sharding import full_norm, needs_gradient_all_reduce
 
 T = TypeVar("T")
 

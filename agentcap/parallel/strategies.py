@@ -4,7 +4,7 @@ changes between stages.
 ``torch.nn.parallel.DistributedDataParallel`` fixes the set of trainable parameters when it wraps
 the model, which the schedule breaks (Captioner, then Instruct, then Composer train in turn). This
 strategy keeps everything Lightning's DDP strategy does (process launch, groups, samplers, metric
-sync) but does not wrap the module; :class:`agentcap.module.GRPOModule` sums gradients across
+sync) but does not wrap the module; :class:`agentcap.training.module.GRPOModule` sums gradients across
 ranks itself after normalising its loss by the global token count.
 """
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from agentcap.distributed import global_sums, world
-from agentcap.rollout import RolloutBatch, Span
+from agentcap.parallel.distributed import global_sums, world
+from agentcap.rollout.driver import RolloutBatch, Span
 
 
 def emit(loggers: Iterable[Any], metrics: dict[str, float], step: int, mean_over_ranks: Sequence[str] = ()) -> None:

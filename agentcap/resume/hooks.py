@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentcap.sharding import model_state, optimizer_state
+from agentcap.parallel.sharding import model_state, optimizer_state
 
 
 class ResumeHooks:
-    """Lightning's checkpoint hooks for :class:`agentcap.module.GRPOModule` (a mixin)."""
+    """Lightning's checkpoint hooks for :class:`agentcap.training.module.GRPOModule` (a mixin)."""
 
     _restored: dict[str, Any] | None = None
 

@@ -11,13 +11,13 @@ Implementation details:
    its stage begins and saved in the checkpoint, frozen agents have no optimiser state.
 2. Progress is the schedule tick; the train loader only counts ticks. Each tick is one SFT step,
    one GRPO rollout batch (``ppo_epochs`` × minibatch updates) or one evaluation.
-3. Data parallel (``agentcap.distributed``): batch sizes are global; items are sharded over ranks,
+3. Data parallel (``agentcap.parallel.distributed``): batch sizes are global; items are sharded over ranks,
    so every GRPO group lives on one rank and group statistics need no communication; sampling
    seeds and minibatches follow global positions, so N processes reproduce one. Loss weights are
    normalised by the *global* token count and gradients are summed across ranks explicitly
    (``GRPODDPStrategy`` does not wrap the module in DDP, whose reducer cannot follow the trainable
    agent changing between stages); under ``grpo_fsdp`` every agent is sharded on its own
-   (``agentcap.sharding``) and FSDP2 sums the gradients in backward.
+   (``agentcap.parallel.sharding``) and FSDP2 sums the gradients in backward.
 4. A stage's KL reference is a frozen copy of the trainable agent taken when the stage begins,
    or for a LoRA agent the same model with its adapters disabled; β = 0 skips it entirely.
 5. Memory and precision (``optim``, ``agents.adapters``): a per-stage lr schedule, micro-batches
@@ -43,7 +43,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from agentcap import distributed
+from agentcap.parallel import distributed
 from agentcap.agents.agent import Agent, AgentConfig, build_agents, pad_right
 from agentcap.agents.reference import kl_reference
 from agentcap.algorithms.grpo import clipped_objective, token_weights
@@ -52,23 +52,23 @@ from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weig
 from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
 from agentcap.judges.pool import shard_judges
-from agentcap.logs import StepClock, emit, rollout_metrics, sample_rows
-from agentcap.old_policy import fill_old_logprobs, old_or_current
-from agentcap.optim import (
+from agentcap.training.logs import StepClock, emit, rollout_metrics, sample_rows
+from agentcap.training.old_policy import fill_old_logprobs, old_or_current
+from agentcap.training.optim import (
     aligned_micro_batches,
     build_optimizer,
     build_scheduler,
     check_trainable_precision,
     optimizer_step,
 )
-from agentcap.replay import Replay
-from agentcap.resume import ResumeHooks
-from agentcap.rollout import Span
-from agentcap.schedule import Schedule, Stage
-from agentcap.sharding import is_sharded, load_model_state, load_optimizer_state, mixed_precision, shard_agents
-from agentcap.splits import EnvSpec, Splits
+from agentcap.rollout.replay import Replay
+from agentcap.resume.hooks import ResumeHooks
+from agentcap.rollout.driver import Span
+from agentcap.training.schedule import Schedule, Stage
+from agentcap.parallel.sharding import is_sharded, load_model_state, load_optimizer_state, mixed_precision, shard_agents
+from agentcap.rollout.splits import EnvConfig, Splits
 
-__all__ = ["EnvSpec", "GRPOModule"]
+__all__ = ["EnvConfig", "GRPOModule"]
 
 
 class _Ticks(IterableDataset):
@@ -122,7 +122,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
 
     def __init__(
         self,
-        env: EnvSpec,
+        env: EnvConfig,
         agents: dict[str, AgentConfig],
         stages: list[Stage],
         group_size: int = 4,
@@ -155,7 +155,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"--model.micro_batch_size must be ≥ 1, got {micro_batch_size}")
         self.automatic_optimization = False
-        self.env_spec = env
+        self.env_config = env
         texts = env.texts() if any(cfg.build_tokenizer_from for cfg in agents.values()) else []
         vocabulary = lambda name: os.path.join(run_dir, "tokenizers", f"{name}.json")  # noqa: E731  (kept by the run)
         self.agents = torch.nn.ModuleDict(build_agents(agents, texts, vocabulary))
@@ -183,7 +183,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
 
     # --- Lightning plumbing -------------------------------------------------------------------
     def configure_model(self) -> None:
-        """Under ``grpo_fsdp`` every agent is sharded on its own (``agentcap.sharding``)."""
+        """Under ``grpo_fsdp`` every agent is sharded on its own (``agentcap.parallel.sharding``)."""
         mesh = getattr(self, "_device_mesh", None)
         if mesh is not None:
             # full fine-tunes with a KL reference get a sharded frozen copy now (agents.reference)
@@ -224,7 +224,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         else:
             self.grpo_step(stage, step)
         if self._scheduler is not None:
-            self._scheduler.step()  # one lr per stage step (see agentcap.optim)
+            self._scheduler.step()  # one lr per stage step (see agentcap.training.optim)
         self.tick += 1
         if self.tick >= self.schedule.total:
             self.trainer.should_stop = True
@@ -271,7 +271,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         seed = self.seed * 1_000_003 + self.tick * 10_007  # per tick: sampling repeats exactly after a resume
         clock = StepClock(self.device)
         driver = self.splits.driver("train", stage)
-        # old log-probs come lazily from the update (agentcap.old_policy), except for a sharded agent:
+        # old log-probs come lazily from the update (agentcap.training.old_policy), except for a sharded agent:
         # its forwards are collectives, and a lazy pass would run a different number on each rank
         batch = driver.run(
             items, self.group_size, seed=seed, sample_agents={agent.name}, positions=positions,
@@ -307,7 +307,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             distributed.global_minibatches(keys, self.minibatch_size, seed=(self.seed, self.tick, epoch))
             for epoch in range(self.ppo_epochs)
         ]
-        # off-policy steps need old log-probs; the first minibatch is on-policy (agentcap.old_policy)
+        # off-policy steps need old log-probs; the first minibatch is on-policy (agentcap.training.old_policy)
         fill_old_logprobs(agent, spans, set(epochs[0][0]) if epochs and epochs[0] else set(), self.minibatch_size)
         for chunks in epochs:
             for chunk in chunks:

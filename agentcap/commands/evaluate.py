@@ -18,6 +18,11 @@ import os
 import sys
 from typing import Any
 
+import gymnasium as gym
+
+from agentcap.core.registry import load_env_plugins
+from agentcap.resume.loading import env_config_of, trained_module
+
 SPLITS = ("test", "val", "train")
 
 
@@ -83,14 +88,11 @@ def evaluate_command(argv: list[str]) -> int:
     overrides = {"manifest": args.manifest} if args.manifest else None
     module = None
     if args.env:
-        import gymnasium as gym
-
-        import agentcap  # noqa: F401  (registers the built-ins)
-
+        load_env_plugins()
         env = gym.make(args.env, manifest=args.manifest, **json.loads(args.env_kwargs)).unwrapped
         order: list[str] = []
     else:
-        spec, stages = env_spec_of(config)
+        spec, stages = env_config_of(config)
         split = args.split if getattr(spec, args.split) or overrides else "val"
         env = spec.make(split, overrides).unwrapped
         order = stages
@@ -99,10 +101,10 @@ def evaluate_command(argv: list[str]) -> int:
         where = args.predictions
     else:
         module = trained_module(config, args.checkpoint)
-        from agentcap.rollout import RolloutDriver
+        from agentcap.rollout.driver import RolloutDriver
 
         items = env.items[: args.limit] if args.limit else env.items
-        driver = RolloutDriver(lambda: module.env_spec.make(split, overrides, defer_scoring=True), module.agents)
+        driver = RolloutDriver(lambda: module.env_config.make(split, overrides, defer_scoring=True), module.agents)
         import torch
 
         with torch.no_grad():
@@ -123,34 +125,6 @@ def evaluate_command(argv: list[str]) -> int:
         print(os.path.abspath(os.path.join(run_dir, "summary.json")), file=sys.stderr)
     print(results_table(summary, title=f"agentcap evaluate: {len(rows)} items", order=[*order, args.stage]))
     return 0
-
-
-def env_spec_of(config: str):
-    """The environment and the evaluate stages' names of a training config (no agent is built)."""
-    import yaml
-
-    from agentcap.module import EnvSpec
-
-    if not os.path.isfile(config):
-        raise SystemExit(f"agentcap evaluate: config {config!r} not found")
-    with open(config, encoding="utf-8") as handle:
-        model = (yaml.safe_load(handle) or {}).get("model")
-    if not isinstance(model, dict) or not isinstance(model.get("env"), dict):
-        raise SystemExit(f"agentcap evaluate: {config}: no 'model.env' section (give the config `agentcap fit` ran with)")
-    stages = [s.get("name") for s in model.get("stages", []) if isinstance(s, dict) and s.get("kind") == "evaluate"]
-    return EnvSpec(**model["env"]), stages
-
-
-def trained_module(config: str, checkpoint: str | None):
-    from agentcap.callbacks import TickCheckpoint
-    from agentcap.inference import load_module
-
-    module = load_module(config, None)
-    path = checkpoint or TickCheckpoint.path(module.run_dir)
-    if checkpoint or os.path.isfile(path):
-        return load_module(config, path)
-    print(f"agentcap evaluate: no checkpoint at {path}; scoring untrained weights", file=sys.stderr)
-    return module
 
 
 def write_summary(run_dir: str, stage: str, result: dict[str, float]) -> dict[str, dict[str, float]]:

@@ -18,12 +18,14 @@ from typing import Any
 
 import torch
 
-from agentcap.data import ManifestError
+from agentcap.core.manifests import ManifestError
+from agentcap.resume.checkpoints import latest_checkpoint
+from agentcap.resume.loading import load_module
 
 
 def write_predictions(run_dir: str, rows: list[dict[str, Any]]) -> str:
     """``<run_dir>/predictions.jsonl`` (``predictions.rank<R>.jsonl`` per process under data parallel)."""
-    from agentcap.distributed import world
+    from agentcap.parallel.distributed import world
 
     rank, size = world()
     os.makedirs(run_dir, exist_ok=True)
@@ -32,36 +34,6 @@ def write_predictions(run_dir: str, rows: list[dict[str, Any]]) -> str:
         for row in rows:
             out.write(json.dumps(row) + "\n")
     return path
-
-
-def load_module(config: str, checkpoint: str | None):
-    """Build the GRPOModule a training config describes and load a checkpoint's weights into it."""
-    import yaml
-    from jsonargparse import ArgumentParser
-
-    from agentcap.module import GRPOModule
-
-    with open(config, encoding="utf-8") as handle:
-        document = yaml.safe_load(handle) or {}
-    if "model" not in document:
-        raise ValueError(f"{config}: no 'model' section (give the config `agentcap fit` ran with)")
-    # only the model section matters here; a run's saved config.yaml (all of LightningCLI's keys) works too
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(GRPOModule, "model")
-    seed = document.get("seed_everything")
-    if isinstance(seed, int) and not isinstance(seed, bool):  # random-init bases (toy, tiny) as in training
-        from lightning import seed_everything
-
-        seed_everything(seed, verbose=False)
-    init = parser.instantiate_classes(parser.parse_object({"model": document["model"]}))
-    module: GRPOModule = init.model
-    if checkpoint is not None:
-        if not os.path.isfile(checkpoint):
-            raise FileNotFoundError(f"--checkpoint {checkpoint!r} not found (train first: agentcap fit --config {config})")
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        module.load_state_dict(state["state_dict"])
-    module.eval()
-    return module
 
 
 def caption_command(argv: list[str]) -> int:
@@ -75,8 +47,7 @@ def caption_command(argv: list[str]) -> int:
     parser.add_argument("--limit", type=int, default=None, help="caption at most this many items")
     args = parser.parse_args(argv)
 
-    from agentcap.callbacks import latest_checkpoint
-    from agentcap.rollout import RolloutDriver
+    from agentcap.rollout.driver import RolloutDriver
 
     module = load_module(args.config, None)
     checkpoint = args.checkpoint or latest_checkpoint(module.run_dir)
@@ -84,8 +55,8 @@ def caption_command(argv: list[str]) -> int:
         module = load_module(args.config, checkpoint)
     else:
         print(f"agentcap caption: no checkpoint in {module.run_dir}; using untrained weights", file=sys.stderr)
-    split = "test" if module.env_spec.test else "val"
-    spec_kwargs = {**module.env_spec.kwargs, **getattr(module.env_spec, split)}
+    split = "test" if module.env_config.test else "val"
+    spec_kwargs = {**module.env_config.kwargs, **getattr(module.env_config, split)}
     on_error = spec_kwargs.get("on_error", "raise")
     # every row is read; an unusable one becomes an error row instead of stopping the whole run
     overrides: dict[str, Any] = {"on_error": "skip", "max_skip_fraction": 1.0}
@@ -93,7 +64,7 @@ def caption_command(argv: list[str]) -> int:
         overrides["manifest"] = args.manifest
     out = Outcome(args.out, skipping=on_error == "skip")
     try:
-        env = module.env_spec.make(split, overrides).unwrapped
+        env = module.env_config.make(split, overrides).unwrapped
     except ValueError as err:  # every row refused: still one error row, and a failed exit
         out.close()
         print(f"agentcap caption: {err}", file=sys.stderr)
@@ -102,7 +73,7 @@ def caption_command(argv: list[str]) -> int:
         out.refused(message)
     if args.audio:
         if not hasattr(env, "item_from_audio"):
-            raise SystemExit(f"{module.env_spec.id} does not take raw audio files; use --manifest")
+            raise SystemExit(f"{module.env_config.id} does not take raw audio files; use --manifest")
         items: list[dict[str, Any]] = []
         for path in args.audio:
             try:
@@ -113,7 +84,7 @@ def caption_command(argv: list[str]) -> int:
         items = list(env.items)
     items = items[: args.limit] if args.limit else items
     driver = RolloutDriver(
-        lambda: module.env_spec.make(split, overrides, defer_scoring=True), module.agents,
+        lambda: module.env_config.make(split, overrides, defer_scoring=True), module.agents,
         generation_batch_size=module.generation_batch_size,
     )
     with torch.no_grad():

@@ -1,0 +1,64 @@
+"""Loading a run: the module a training config describes, with a checkpoint's weights.
+
+Used by every command that runs trained agents (``caption``, ``evaluate``, ``export``);
+checkpoints load with ``weights_only=True``: they hold tensors and plain containers only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import yaml
+from jsonargparse import ArgumentParser
+from lightning import seed_everything
+
+from agentcap.resume.checkpoints import TickCheckpoint
+from agentcap.rollout.splits import EnvConfig
+from agentcap.training.module import GRPOModule
+
+
+def load_module(config: str, checkpoint: str | None):
+    """Build the GRPOModule a training config describes and load a checkpoint's weights into it."""
+    with open(config, encoding="utf-8") as handle:
+        document = yaml.safe_load(handle) or {}
+    if "model" not in document:
+        raise ValueError(f"{config}: no 'model' section (give the config `agentcap fit` ran with)")
+    # only the model section matters here; a run's saved config.yaml (all of LightningCLI's keys) works too
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(GRPOModule, "model")
+    seed = document.get("seed_everything")
+    if isinstance(seed, int) and not isinstance(seed, bool):  # random-init bases (toy, tiny) as in training
+        seed_everything(seed, verbose=False)
+    init = parser.instantiate_classes(parser.parse_object({"model": document["model"]}))
+    module: GRPOModule = init.model
+    if checkpoint is not None:
+        if not os.path.isfile(checkpoint):
+            raise FileNotFoundError(f"--checkpoint {checkpoint!r} not found (train first: agentcap fit --config {config})")
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        module.load_state_dict(state["state_dict"])
+    module.eval()
+    return module
+
+
+def env_config_of(config: str):
+    """The environment and the evaluate stages' names of a training config (no agent is built)."""
+    if not os.path.isfile(config):
+        raise SystemExit(f"agentcap evaluate: config {config!r} not found")
+    with open(config, encoding="utf-8") as handle:
+        model = (yaml.safe_load(handle) or {}).get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("env"), dict):
+        raise SystemExit(f"agentcap evaluate: {config}: no 'model.env' section (give the config `agentcap fit` ran with)")
+    stages = [s.get("name") for s in model.get("stages", []) if isinstance(s, dict) and s.get("kind") == "evaluate"]
+    return EnvConfig(**model["env"]), stages
+
+
+def trained_module(config: str, checkpoint: str | None):
+    """The run's trained module (its newest checkpoint, or ``checkpoint``); untrained weights, said so, when none."""
+    module = load_module(config, None)
+    path = checkpoint or TickCheckpoint.path(module.run_dir)
+    if checkpoint or os.path.isfile(path):
+        return load_module(config, path)
+    print(f"agentcap evaluate: no checkpoint at {path}; scoring untrained weights", file=sys.stderr)
+    return module
