@@ -22,6 +22,7 @@ import yaml
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from agentcap.agents.agent import MissingWeightsError
+from agentcap.evaluation.table import results_table
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint
 from agentcap.resume.guard import changed_keys, move_aside
 from agentcap.training.callbacks import SampleTable, TickStep
@@ -110,8 +111,6 @@ class AgentcapCLI(LightningCLI):
 
     def print_results(self) -> None:
         """The table of every evaluated stage in ``summary.json`` (schedule order), on the console."""
-        from agentcap.evaluation.table import results_table
-
         path = self.model.write_summary()
         with open(path, encoding="utf-8") as handle:
             summary = json.load(handle)

@@ -12,6 +12,11 @@ import numpy as np
 from agentcap.core.manifests import ManifestError, check_duration, load_features, resolve
 from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
+from agentcap.judges.coherence import CoherenceScorer
+from agentcap.judges.pool import judge_key, load_once
+from agentcap.judges.served import ServedCoherenceScorer, served_judge_client
+from agentcap.rewards.functional.read import extract_answer
+from agentcap.rewards.read import read_rewards
 
 AD_DEFINITION = (
     "Audio Descriptions (ADs) are written narrations that describe the visual elements of a video, "
@@ -174,8 +179,6 @@ class ADClipEnv(CaptionEnv):
     @staticmethod
     def caption_text(response: str) -> str:
         """The AD in a response: its ``<answer>`` span, else the whole stripped text."""
-        from agentcap.rewards.functional.read import extract_answer
-
         return extract_answer(response) or response.strip()
 
     def caption(self, driver: Any, items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,24 +222,17 @@ class ADClipEnv(CaptionEnv):
     @property
     def scorer(self):
         if self._scorer is None and isinstance(self.scorer_path, dict):  # served: {url, model, tokenizer}
-            from agentcap.judges.served import ServedCoherenceScorer, served_judge_client
-
             if "tokenizer" not in self.scorer_path:
                 raise ValueError("scorer: a served coherence scorer needs `tokenizer:` (the served model's folder)")
             self._scorer = ServedCoherenceScorer(served_judge_client(self.scorer_path, "scorer"),
                                                  self.scorer_path["tokenizer"])
         elif self._scorer is None and self.scorer_path:
-            from agentcap.judges.coherence import CoherenceScorer
-            from agentcap.judges.pool import judge_key, load_once
-
             key = judge_key("scorer", self.scorer_path, device=self.scorer_device)
             self._scorer = load_once(key, lambda where: CoherenceScorer.from_pretrained(self.scorer_path, device=where),
                                      self.scorer_device)
         return self._scorer
 
     def score(self, episodes: Sequence[Episode]) -> list[Score]:
-        from agentcap.rewards.read import read_rewards
-
         responses = [e.actions[-1].text if e.actions else "" for e in episodes]
         total, parts = read_rewards(
             responses,

@@ -10,9 +10,11 @@ from typing import Any, Literal
 from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
 from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
-from agentcap.judges import build_examiner, build_temporal_examiner
+from agentcap.judges.build import build_examiner, build_temporal_examiner
+from agentcap.judges.examiner import BLANK, Question, question_bank
 from agentcap.judges.pool import sharded as judges_sharded
-from agentcap.rewards.functional.cloze import anchor_problem
+from agentcap.rewards.base import weighted_sum
+from agentcap.rewards.functional.cloze import anchor_problem, event_temporal_reward, evidence_sufficiency, length_reward
 
 PROMPTS = {
     "paper": (
@@ -113,8 +115,6 @@ class ClozeCaptionEnv(CaptionEnv):
         self._temporal = None
 
     def check_item(self, row: dict[str, Any], where: str) -> None:
-        from agentcap.judges.examiner import BLANK, Question
-
         check_duration(row, where)
         row.setdefault("duration", check_audio(row, "audio", where))  # a corrupt file fails here, at load
         if not row["caption"].strip():
@@ -172,13 +172,6 @@ class ClozeCaptionEnv(CaptionEnv):
         return self._temporal
 
     def score(self, episodes: Sequence[Episode]) -> list[Score]:
-        from agentcap.rewards.base import weighted_sum
-        from agentcap.rewards.functional.cloze import (
-            event_temporal_reward,
-            evidence_sufficiency,
-            length_reward,
-        )
-
         scores: list[Score | None] = [None] * len(episodes)
         labelled = []
         for i, e in enumerate(episodes):
@@ -205,25 +198,6 @@ class ClozeCaptionEnv(CaptionEnv):
                     utilities=[float(total[row])],
                 )
         return scores  # type: ignore[return-value]
-
-
-def question_bank(item: Mapping[str, Any], field: str = "cloze") -> list:
-    """The item's parsed question bank (``field``: ``cloze`` here, ``mcq`` for ACE-Cap): parsed on
-    load from a manifest (``_questions``), parsed here from ``item[field]`` (and kept under a key
-    of that field) for items handed over directly (``items=``); empty for an unlabelled item."""
-    from agentcap.judges.examiner import Question
-
-    questions = item.get("_questions")
-    if questions is None:
-        cache = f"_questions:{field}"
-        questions = item.get(cache)
-        if questions is None:
-            where = str(item.get("_where") or item.get("id", "item"))
-            rows = item.get(field) or []
-            questions = [Question.from_row(q, f"{where}: {field}[{j}]") for j, q in enumerate(rows)]
-            if isinstance(item, dict):
-                item[cache] = questions
-    return list(questions)
 
 
 def _check_anchor(anchor: Any, where: str) -> None:

@@ -9,11 +9,20 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from agentcap.rewards.evidence import LoopConfig, composer_utilities, evidence_states, serialize_evidence
+from agentcap.rewards.evidence import (
+    LoopConfig,
+    captioner_utility,
+    composer_utilities,
+    evidence_states,
+    instruct_utility,
+    serialize_evidence,
+)
 from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
 from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
-from agentcap_envs.cloze_caption import question_bank
+from agentcap.judges.build import build_examiner
+from agentcap.judges.examiner import Question, question_bank, sentences
+from agentcap.rewards.functional.cloze import answer_scores
 
 CAPTIONER, COMPOSER, INSTRUCT = "captioner", "composer", "instruct"
 
@@ -160,8 +169,6 @@ class EvidenceGameEnv(CaptionEnv):
                     raise ValueError(f"instruct mode replays harvested items; items[{i}] has no 'question'")
 
     def check_item(self, row: dict[str, Any], where: str) -> None:
-        from agentcap.judges.examiner import Question
-
         check_duration(row, where)
         row.setdefault("duration", check_audio(row, "audio", where))  # a corrupt file fails here, at load
         if not row["mcq"]:
@@ -274,8 +281,6 @@ class EvidenceGameEnv(CaptionEnv):
         The questions are the manifest's first ones, or with ``demo_order="shuffled"`` a draw seeded
         by the item's id: the same for an item every time, but spread over every event and attribute
         across items, so the warm-started Instruct can answer whatever the Composer later asks."""
-        from agentcap.judges.examiner import sentences
-
         # the first sentence of the gold caption, when there is no short caption ("4.7 s" does not end one)
         c0 = item.get("short_caption") or (sentences(item["caption"]) or [item["caption"]])[0]
         # never more questions than the game allows: the K-th answer is followed by the final turn
@@ -346,8 +351,6 @@ class EvidenceGameEnv(CaptionEnv):
     @property
     def examiner(self):
         if self._examiner is None:
-            from agentcap.judges import build_examiner
-
             self._examiner = build_examiner(self.examiner_spec, self.examiner_device, self.examiner_readout)
         return self._examiner
 
@@ -358,8 +361,6 @@ class EvidenceGameEnv(CaptionEnv):
         (a shared c0, repeated evidence states, the G rollouts of an item) are judged once, and
         items are told apart by their banks, never by their ids.
         """
-        from agentcap.rewards.functional.cloze import answer_scores
-
         pairs: dict[tuple[str, Any], int] = {}
         rows: dict[tuple[int, str], list[int]] = {}
         for i, text in requests:
@@ -420,11 +421,11 @@ class EvidenceGameEnv(CaptionEnv):
             return Score(float("nan"), {}, [None] * len(episode.actions), {"unlabelled": 1.0})
         if self.mode == "instruct":
             (r_before, _), (r_after, _) = judged[(i, st["before"])], judged[(i, st["after"])]
-            utility = r_after - r_before  # Eq. 23
+            utility = instruct_utility(r_before, r_after)  # Eq. 23
             return Score(utility, {"g2p_before": r_before, "g2p_after": r_after}, [utility])
         r0, acc0 = judged[(i, st["c0"])]
         if self.mode == "captioner":
-            return Score(r0, {"g2p_c0": r0}, [r0], {"acc_c0": acc0})  # Eq. 22
+            return Score(r0, {"g2p_c0": r0}, [captioner_utility(r0)], {"acc_c0": acc0})  # Eq. 22
         r_e, acc_e = judged[(i, st["full"])]
         r_f, acc_f = judged[(i, st["final"])]
         stopped = bool(episode.state.get("stopped"))

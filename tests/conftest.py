@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,19 +21,21 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+# Tests import the package, never a tools/ script: each script is a command line over a package module.
+_TOOL_MODULES = {"make_toy_movie": "agentcap_envs.toy.movie", "make_toy_soundscapes": "agentcap_envs.toy.soundscapes"}
+
+
 def load_tool(name: str):
-    """Import a script from tools/ (not a package) as a module."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The package module behind a toy-world script (kept for tests not yet importing it directly)."""
+    return importlib.import_module(_TOOL_MODULES[name])
 
 
 @pytest.fixture(scope="session")
 def toy_movie(tmp_path_factory) -> Path:
+    from agentcap_envs.toy import movie
+
     out = tmp_path_factory.mktemp("toy_movie")
-    load_tool("make_toy_movie").main(
+    movie.main(
         ["--out", str(out), "--train-movies", "2", "--val-movies", "1", "--test-movies", "1",
          "--clips-per-movie", "6", "--corpus-movies", "10"]
     )
@@ -43,8 +44,10 @@ def toy_movie(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def toy_soundscapes(tmp_path_factory) -> Path:
+    from agentcap_envs.toy import soundscapes
+
     out = tmp_path_factory.mktemp("toy_soundscapes")
-    load_tool("make_toy_soundscapes").main(
+    soundscapes.main(
         ["--out", str(out), "--train", "6", "--val", "3", "--test", "3", "--bad-examples"]
     )
     return out

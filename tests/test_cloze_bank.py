@@ -1,6 +1,6 @@
-"""tools/build_cloze_bank.py: every item is validated (each rejection reason hand-checked), the rule
-writer's items are answerable exactly from their own caption, and the LLM writer's path keeps only
-valid items and files the rest with reasons."""
+"""agentcap.data.question_bank (tools/build_cloze_bank.py): every item is validated (each rejection
+reason hand-checked), the rule writer's items are answerable exactly from their own caption, and the
+LLM writer's path keeps only valid items and files the rest with reasons."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentcap.agents.tokenizer import build_word_tokenizer
 from agentcap.core.manifests import ManifestError
+from agentcap.data import question_bank as bank_tool
 from agentcap.judges.examiner import Question, RuleExaminer
 from agentcap.rewards.functional.cloze import evidence_sufficiency
-from conftest import load_tool, read_jsonl
+from conftest import read_jsonl
 
-bank_tool = load_tool("build_cloze_bank")
 validate = bank_tool.validate_cloze_item
 
 CAPTION = ("From 0.5 s to 1.8 s, a loud very high beep sounds three times. "

@@ -14,7 +14,7 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 import pytest
-from conftest import load_tool, read_jsonl
+from conftest import read_jsonl
 import soundfile
 
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
@@ -22,13 +22,11 @@ from agentcap.core.manifests import ManifestError
 from agentcap.judges.examiner import RuleExaminer
 from agentcap.rewards.functional.cloze import answer_scores, curriculum_weights
 from agentcap_envs.cloze_caption import PROMPTS
+from agentcap_envs.toy import soundscapes
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_ID = "agentcap/ClozeCaption-v0"
 RATE = 16_000
-
-
-soundscapes = load_tool("make_toy_soundscapes")
 
 
 def _write(path: Path, rows: list[dict]) -> Path:

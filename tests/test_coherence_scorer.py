@@ -4,7 +4,6 @@ and the tool's saved scorer loading back."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -15,20 +14,12 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from agentcap.agents.tokenizer import build_word_tokenizer
+from agentcap.judges import coherence_training
 from agentcap.judges.coherence import CoherenceScorer, encode_context_response, serialize_context
 from agentcap.rewards.functional.read import coherence_reward
 
-ROOT = Path(__file__).resolve().parents[1]
 NAN = float("nan")
 HIGH = 4.0  # logit of a bigram the fake LM "knows"
-
-
-def load_tool():
-    path = ROOT / "tools" / "train_coherence_scorer.py"
-    spec = importlib.util.spec_from_file_location("train_coherence_scorer", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class BigramLM(torch.nn.Module):
@@ -195,7 +186,7 @@ def test_from_pretrained_missing_path_names_the_tool(tmp_path):
     assert str(tmp_path / "nope") in str(error.value) and "tools/train_coherence_scorer.py" in str(error.value)
 
 
-# ---------------------------------------------------------------- tools/train_coherence_scorer.py
+# ------------------------------------- agentcap.judges.coherence_training (tools/train_coherence_scorer.py)
 
 
 def write_corpus(path: Path, rows: int = 20) -> None:
@@ -208,7 +199,7 @@ def write_corpus(path: Path, rows: int = 20) -> None:
 
 
 def test_tool_builds_labels_on_the_ad_only(tokenizer):
-    tool = load_tool()
+    tool = coherence_training
     row = (["Maria reads a letter ."], "a woman smiles")
     (ids, labels), = tool.build_examples([row], tokenizer, 64, 3, "ad")
     prefix, response, _ = encode_context_response(tokenizer, *row)
@@ -224,7 +215,7 @@ def test_tool_builds_labels_on_the_ad_only(tokenizer):
 
 
 def test_tool_tiny_trains_saves_and_loads(tmp_path, tokenizer, capsys):
-    tool = load_tool()
+    tool = coherence_training
     corpus = tmp_path / "corpus.jsonl"
     write_corpus(corpus)
     tokenizer_dir = tmp_path / "tokenizer"
@@ -252,7 +243,7 @@ def test_tool_tiny_trains_saves_and_loads(tmp_path, tokenizer, capsys):
 
 
 def test_tool_rejects_bad_input(tmp_path):
-    tool = load_tool()
+    tool = coherence_training
     corpus = tmp_path / "bad.jsonl"
     rows = [{"context": [], "ad": "fine"}, {"context": ["x"], "ad": ""}]
     corpus.write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -135,6 +135,35 @@ def max_differences(one: Path, two: Path, load=weights) -> tuple[float, float]:
     return summary, weight
 
 
+#: Logged figures that measure the machine, not the run: each process's wall time, memory and speed.
+MACHINE_MEASURES = ("time/", "throughput/", "memory/")
+
+
+def logged(run: Path) -> dict[tuple[int, str], float]:
+    """Every value the run's CSVLogger wrote, by (step, key)."""
+    import csv
+
+    values = {}
+    for path in run.rglob("metrics.csv"):
+        with open(path, newline="") as handle:
+            for row in csv.DictReader(handle):
+                for key, value in row.items():
+                    if key != "step" and value not in ("", None):
+                        values[(int(float(row["step"])), key)] = float(value)
+    return values
+
+
+def logged_differences(one: Path, two: Path) -> dict[str, float]:
+    """Largest |Δ| per logged key, relative to values above 1 (machine measures left out); both runs must
+    log the same (step, key)s."""
+    a, b = ({k: v for k, v in logged(run).items() if not k[1].startswith(MACHINE_MEASURES)} for run in (one, two))
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))[:10]
+    worst: dict[str, float] = {}
+    for (step, key), value in a.items():
+        worst[key] = max(worst.get(key, 0.0), abs(value - b[(step, key)]) / max(1.0, abs(value)))
+    return worst
+
+
 def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes, make_game_config):
     """1 process, 2 under grpo_ddp and 2 sharded (grpo_fsdp, also in micro-batches of one row), each
     with a KL reference (full fine-tune, beta > 0):
@@ -158,6 +187,13 @@ def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes,
         summary, weight = max_differences(runs["one"], runs[name])
         print(f"1 vs 2 processes ({name}): summary max |diff| {summary:.3g}, weights max |diff| {weight:.3g}")
         assert summary < 1e-5 and weight < 1e-5, name
+        # every logged figure is the global value: losses, ratio, clip fraction, KL, entropy, rewards, lengths
+        worst = logged_differences(runs["one"], runs[name])
+        assert {"loss/captioner/ratio", "loss/composer/clipfrac", "loss/composer/kl", "loss/captioner/entropy",
+                "reward/total", "rollout/composer/response_length", "loss/captioner/sft"} <= set(worst), sorted(worst)
+        print(f"1 vs 2 processes ({name}): {len(worst)} logged keys, largest |diff| "
+              + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items(), key=lambda kv: -kv[1])[:3]))
+        assert all(v < 1e-5 for v in worst.values()), {k: v for k, v in worst.items() if v >= 1e-5}
 
 
 # --- held-out evaluation: one process equals two ------------------------------------------------

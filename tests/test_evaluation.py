@@ -214,8 +214,8 @@ class _Env:
 
 def test_question_accuracy_and_g2p_with_the_examiner(sound_rows):
     from agentcap.judges import RuleExaminer
+    from agentcap.judges.examiner import question_bank
     from agentcap.rewards.functional.cloze import answer_scores
-    from agentcap_envs.cloze_caption import question_bank
 
     items = sound_rows[:4]
     captions = [items[0]["caption"], items[1]["short_caption"] if "short_caption" in items[1] else "", "", items[3]["caption"]]
@@ -267,6 +267,20 @@ def test_evaluate_command_on_a_predictions_file(tmp_path, toy_movie):
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode != 0 and "not in the manifest" in result.stderr and "nope" in result.stderr
+
+
+def test_write_summary_replaces_or_merges(tmp_path):
+    """The one summary.json writer: a training run's evaluations replace the file; ``validate`` /
+    ``test`` and ``agentcap evaluate --run`` merge their entry into it."""
+    from agentcap.evaluation.rollouts import write_summary
+
+    run = tmp_path / "run"
+    path = write_summary(str(run), {"before": {"reward": 0.25}})
+    assert path == str(run / "summary.json") and not (run / "summary.json.tmp").exists()
+    write_summary(str(run), {"evaluate": {"reward": 0.5}, "before": {"reward": 0.75}}, merge=True)
+    assert json.loads((run / "summary.json").read_text()) == {"before": {"reward": 0.75}, "evaluate": {"reward": 0.5}}
+    write_summary(str(run), {"after": {"reward": 1.0}})
+    assert json.loads((run / "summary.json").read_text()) == {"after": {"reward": 1.0}}
 
 
 def test_evaluation_rows_and_their_means():

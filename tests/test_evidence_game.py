@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import gymnasium
 import numpy as np
@@ -477,6 +476,7 @@ def test_rollout_driver_plays_and_scores_through_other_env_instances(make, sound
     """The driver steps a pool of envs and scores every episode with the first one (one batch)."""
     import torch
 
+    from agentcap.agents.generation import Generation
     from agentcap.rollout.driver import RolloutDriver
 
     s = _script(sound_rows[one])
@@ -489,8 +489,7 @@ def test_rollout_driver_plays_and_scores_through_other_env_instances(make, sound
             out = []
             for obs in observations:
                 text = self.replies(obs["messages"][-1]["content"])
-                out.append(SimpleNamespace(text=text, completion_ids=torch.zeros(1, dtype=torch.long),
-                                           old_logprobs=torch.zeros(1)))
+                out.append(Generation(torch.zeros(1, dtype=torch.long), text=text, old_logprobs=torch.zeros(1)))
             return out
 
     def compose(history):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -509,20 +511,22 @@ def test_real_instruct_model_answers_follow_the_caption(smollm2):
     assert len(letters) == 2 and all(letter in "ABCDE" for letter in letters)
 
 
-def test_bench_examiner_runs_on_a_tiny_model(tiny, tmp_path, capsys):
+@pytest.mark.slow  # two subprocesses, each importing torch and transformers
+def test_bench_examiner_runs_on_a_tiny_model(tiny, tmp_path):
     model, tokenizer = tiny
     model.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
-    spec = importlib.util.spec_from_file_location("bench_examiner", Path(__file__).parents[1] / "tools" / "bench_examiner.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    bench.main(["--model", str(tmp_path / "tiny"), "--questions", "6", "--gen-tokens", "2", "--rouge-pairs", "20",
-                "--repeats", "1"])
-    out = capsys.readouterr().out
+    script = Path(__file__).parents[1] / "tools" / "bench_examiner.py"
+
+    def bench(*flags: str) -> str:
+        return subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True,
+                              check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+
+    out = bench("--model", str(tmp_path / "tiny"), "--questions", "6", "--gen-tokens", "2", "--rouge-pairs", "20",
+                "--repeats", "1")
     assert "letter logits, shared prefixes" in out and "free generation (2 new tokens)" in out
     assert "same letters as per-prompt: yes" in out
     assert "scores identical: True" in out
-    bench.main(["--model", str(tmp_path / "tiny"), "--questions", "12", "--gen-tokens", "2", "--rouge-pairs", "20",
-                "--repeats", "1", "--dense", "--no-options"])
-    out = capsys.readouterr().out
+    out = bench("--model", str(tmp_path / "tiny"), "--questions", "12", "--gen-tokens", "2", "--rouge-pairs", "20",
+                "--repeats", "1", "--dense", "--no-options")
     assert "1 captions, 12.0 questions" in out and "option scoring" not in out  # dense: one caption holds all 12

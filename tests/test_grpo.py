@@ -1,4 +1,5 @@
-"""GRPO core: advantages, the clipped objective with KL, masks, and which weights an update moves."""
+"""GRPO core: advantages (READ Eq. 1, through the one function training calls), the clipped objective
+with KL, masks, and which weights an update moves."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import torch
 
 from agentcap.agents import AgentConfig, build_agent
 from agentcap.agents.agent import pad_right, trim_after_eos
-from agentcap.algorithms.grpo import clipped_objective, group_advantages, kl_k3, token_weights
+from agentcap.algorithms.grpo import clipped_objective, kl_k3, token_weights
+from agentcap.algorithms.loop import normalize_by_type
 
 
 def test_group_advantages_match_hand_computation():
-    rewards = torch.tensor([1.0, 2.0, 3.0, 5.0, 5.0, 5.0])
-    adv = group_advantages(rewards, [0, 0, 0, 1, 1, 1], eps=0.0)
+    """READ Eq. 1 is the one-kind case of the advantages training computes (LOOP Eq. 17)."""
+    rewards = [1.0, 2.0, 3.0, 5.0, 5.0, 5.0]
+    adv = normalize_by_type(rewards, ["completion"] * 6, [0, 0, 0, 1, 1, 1], eps=0.0)
     std = math.sqrt(2.0 / 3.0)  # population std of 1, 2, 3
     assert adv[:3].tolist() == pytest.approx([-1 / std, 0.0, 1 / std])
     assert adv[3:].tolist() == [0.0, 0.0, 0.0]  # all-equal group: zero, never NaN
@@ -43,6 +46,13 @@ def test_kl_k3_and_beta():
     assert kl_k3(logp, ref).mean().item() == pytest.approx(expected.item())
     out = clipped_objective(logp, logp.detach(), torch.tensor([0.0]), torch.ones(1, 2), beta=0.1, ref_logprobs=ref)
     assert out["loss"].item() == pytest.approx(0.1 * expected.item())
+    # masked before exp(): padding with -inf log-probs gives exactly 0, and the objective's KL is kl_k3's
+    padded, ref_padded = torch.tensor([[-1.0, -2.0, float("-inf")]]), torch.tensor([[-1.5, -1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    k3 = kl_k3(padded, ref_padded, mask)
+    assert k3[0, 2].item() == 0.0 and k3[0, :2].tolist() == kl_k3(logp, ref)[0].tolist()
+    out = clipped_objective(padded, padded, torch.tensor([0.0]), mask, beta=0.1, ref_logprobs=ref_padded)
+    assert out["kl"].item() == (k3 * token_weights(mask)).sum().item()
     with pytest.raises(ValueError, match="ref_logprobs"):
         clipped_objective(logp, logp, torch.tensor([0.0]), torch.ones(1, 2), beta=0.1)
 
@@ -163,7 +173,7 @@ def test_sft_logprobs_ignore_the_sampling_temperature(two_agents):
 # --- precision (each of these failed before the fix) --------------------------------------------
 def test_an_all_equal_float64_group_gets_exactly_zero():
     rewards = torch.tensor([0.7] * 3 + [0.1, 0.3], dtype=torch.float64)
-    advantages = group_advantages(rewards, [0, 0, 0, 1, 1])
+    advantages = normalize_by_type(rewards.tolist(), ["completion"] * 5, [0, 0, 0, 1, 1], 1e-6)
     assert advantages[:3].tolist() == [0.0, 0.0, 0.0]  # std of three 0.7s is ~1e-17, not 0
     assert advantages[3:].tolist() == pytest.approx([-1.0, 1.0], abs=1e-5)
 
@@ -171,15 +181,11 @@ def test_an_all_equal_float64_group_gets_exactly_zero():
 def test_unbiased_std_matches_trl():
     rewards = torch.tensor([0.0, 1.0, 3.0, 2.0, 2.0, 5.0], dtype=torch.float64)
     groups = [0, 0, 0, 1, 1, 1]
-    got = group_advantages(rewards, groups, eps=1e-4, std="unbiased")
+    got = normalize_by_type(rewards.tolist(), ["completion"] * 6, groups, 1e-4, std="unbiased")
     # TRL's GRPO: (r - mean) / (std(unbiased) + 1e-4) per group of G
     grouped = rewards.view(2, 3)
     trl = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).flatten()
     assert torch.allclose(got, trl, rtol=0, atol=1e-15)
-    from agentcap.algorithms.loop import normalize_by_type
-
-    loop = normalize_by_type(rewards.tolist(), ["a"] * 6, groups, 1e-4, std="unbiased")
-    assert torch.allclose(loop, trl, rtol=0, atol=1e-15)
 
 
 @pytest.mark.parametrize("mode", ["token", "sequence"])

@@ -110,12 +110,23 @@ def test_rollout_metrics_report_the_spread_inside_groups():
     from agentcap.training.logs import rollout_metrics
     from agentcap.rollout.driver import RolloutBatch
 
-    spans = [SimpleNamespace(kind="answer", group=g, utility=u, completion_ids=torch.zeros(1))
-             for g, u in [(0, 1.0), (0, 1.0), (1, 0.0), (1, 2.0)]]
-    batch = RolloutBatch(episodes=[], scores=[], spans=[])
-    metrics = rollout_metrics(batch, spans, {}, "policy")
+    # trajectories 0-1 form group 0 and 2-3 group 1 (group = global trajectory id // G)
+    spans = [SimpleNamespace(kind="answer", trajectory=t, action_index=0, utility=u, completion_ids=torch.zeros(1))
+             for t, u in enumerate([1.0, 1.0, 0.0, 2.0])]
+    scores = [SimpleNamespace(reward=u, components={}, extras={}) for u in (1.0, 1.0, 0.0, 2.0)]
+    batch = RolloutBatch(episodes=[], scores=scores, spans=spans, turns=[1, 1, 1, 1], trajectory_ids=[0, 1, 2, 3])
+    metrics = rollout_metrics(batch, spans, "policy", group_size=2)
     assert metrics["utility/answer/zero_spread"] == 0.5  # group 0 teaches nothing
     assert metrics["utility/answer/group_std"] == 0.5  # mean of std 0 and std 1
+    assert metrics["reward/total"] == 1.0 and metrics["rollout/turns"] == 1.0
+
+
+def test_update_metrics_add_the_ranks_shares():
+    """With one process the update's statistics pass through (each is already the whole weighted mean)."""
+    from agentcap.training.logs import update_metrics
+
+    stats = {"pg_loss": 0.25, "ratio": 1.0, "sampler_gap_max": 0.5, "grad_norm": 2.0}
+    assert update_metrics(stats, "policy") == {f"loss/policy/{k}": v for k, v in stats.items()}
 
 
 def test_captions_table_is_the_per_item_rows():
@@ -133,3 +144,68 @@ def test_captions_table_is_the_per_item_rows():
     assert logger.logged["key"] == "eval/after/captions" and logger.logged["step"] == 3
     assert logger.logged["columns"] == ["id", "caption", "reward", "context", "trace"]
     assert logger.logged["data"] == [["a", "x", 0.5, "p | q", None], ["b", "y", 1.0, None, "captioner/caption: y"]]
+
+
+# --- every logged figure is the global value --------------------------------------------------
+def _step_records(trajectories):
+    """A rollout batch of the given global trajectory ids (G = 2) and the update stats of its rank."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from agentcap.core.episode import Score
+    from agentcap.rollout.driver import RolloutBatch
+
+    rewards = [0.1, 0.7, 0.4, 0.4, 1.0, 0.2]
+    scores = [Score(reward=rewards[t], components={"accuracy": rewards[t] / 2, "format": float(t % 2)},
+                    utilities=[rewards[t]], extras={"questions": float(t)}) for t in trajectories]
+    spans = [SimpleNamespace(kind="answer", trajectory=i, action_index=0, utility=rewards[t],
+                             completion_ids=torch.zeros(t + 1)) for i, t in enumerate(trajectories)]
+    batch = RolloutBatch(episodes=[], scores=scores, spans=spans, turns=[1 + t % 3 for t in trajectories],
+                         trajectory_ids=list(trajectories), generate_calls={"policy": 1})
+    # each rank's share of globally weighted means (token weights over all 21 tokens): they add up
+    tokens = sum(t + 1 for t in trajectories)
+    stats = {"pg_loss": 0.5 * tokens / 21, "ratio": tokens / 21, "sampler_gap_max": 0.01 * max(trajectories),
+             "grad_norm": 3.0}
+    return batch, spans, stats
+
+
+def _metrics_of(trajectories):
+    from agentcap.training.logs import rollout_metrics, update_metrics
+
+    batch, spans, stats = _step_records(trajectories)
+    return {**rollout_metrics(batch, spans, "policy", group_size=2), **update_metrics(stats, "policy")}
+
+
+def _two_rank_metrics(rank, port, out):
+    import json
+
+    import torch.distributed as dist
+
+    from gloo import join_group
+
+    join_group(rank, port)
+    try:
+        metrics = _metrics_of([0, 1, 4, 5] if rank == 0 else [2, 3])  # whole groups per rank, unevenly split
+        with open(f"{out}.{rank}", "w") as handle:
+            json.dump(metrics, handle)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_logged_metrics_of_two_processes_equal_one(tmp_path):
+    """Rewards (a torchmetrics Metric), utilities per group, lengths, turns and the update's loss
+    terms: two ranks holding 4 and 2 trajectories log what one process with all 6 logs."""
+    import json
+
+    from gloo import run_in_two_processes
+
+    one = _metrics_of(list(range(6)))
+    run_in_two_processes(_two_rank_metrics, str(tmp_path / "m"))
+    for rank in (0, 1):
+        two = json.loads((tmp_path / f"m.{rank}").read_text())
+        assert two.keys() == one.keys()
+        for key, value in one.items():
+            assert abs(two[key] - value) < 1e-9, (rank, key, value, two[key])
+    assert one["reward/total"] == sum([0.1, 0.7, 0.4, 0.4, 1.0, 0.2]) / 6
+    assert one["loss/policy/ratio"] == 1.0 and one["utility/answer/zero_spread"] == 1 / 3

@@ -1,4 +1,7 @@
-"""LOOP-GRPO credit (ACE-Cap Eq. 7-23) against hand-computed numbers; no models involved."""
+"""LOOP-GRPO credit (ACE-Cap Eq. 7-23) against hand-computed numbers; no models involved.
+
+The advantages (Eq. 17) and the loss (Eq. 18-21) are checked on the functions training runs:
+``normalize_by_type`` and GRPO's ``clipped_objective`` with one row per trained span."""
 
 from __future__ import annotations
 
@@ -7,7 +10,8 @@ import math
 import pytest
 import torch
 
-from agentcap.algorithms.loop import loop_loss, normalize_by_type, token_advantages
+from agentcap.algorithms.grpo import clipped_objective, token_weights
+from agentcap.algorithms.loop import normalize_by_type
 from agentcap.rewards.evidence import (
     ANSWER_LABEL,
     EVIDENCE_PREAMBLE,
@@ -17,7 +21,7 @@ from agentcap.rewards.evidence import (
     captioner_utility,
     composer_utilities,
     evidence_states,
-    instruct_utilities,
+    instruct_utility,
     sequential_differences,
     serialize_evidence,
 )
@@ -115,11 +119,7 @@ def test_forced_finalisation_has_no_stop_utility_and_no_stop_span():
     assert out.stop is None
     assert out.questions == pytest.approx([0.15, -0.1])
     assert out.final == pytest.approx(1.0)  # questions and synthesis still trained (Eq. 12, 16)
-    # Eq. 18 row: q1 (3 tokens), answer (2, not trained), q2 (2), answer (1), final (4); no stop span.
-    tok = token_advantages([3, 2, 2, 1, 4], [0.7, 0.0, -0.3, 0.0, 1.2])
-    assert tok.dtype == torch.float64
-    assert tok.tolist() == [0.7] * 3 + [0.0] * 2 + [-0.3] * 2 + [0.0] + [1.2] * 4
-    assert token_advantages([3, 0, 4], [0.7, 9.9, 1.2]).tolist() == [0.7] * 3 + [1.2] * 4  # empty stop span
+    # its Eq. 18 rows (no stop span): test_span_rows_equal_the_packed_eq18_row_by_hand
 
 
 def test_zero_questions():
@@ -176,7 +176,7 @@ def test_sequential_differences_hand_computed():
 
 def test_captioner_and_instruct_utilities():
     assert captioner_utility(0.25) == 0.25  # Eq. 22
-    assert instruct_utilities(-0.5, [0.0, -0.5, 0.25]) == pytest.approx([0.5, 0.0, 0.75])  # Eq. 23
+    assert [instruct_utility(-0.5, r) for r in (0.0, -0.5, 0.25)] == pytest.approx([0.5, 0.0, 0.75])  # Eq. 23
 
 
 def test_loop_config_rejects_negative_costs():
@@ -243,7 +243,7 @@ def test_normalize_by_type_rejects_mismatched_lengths_and_nan():
         normalize_by_type([1.0, float("nan")], ["Q", "Q"], [0, 0], 1e-6)
 
 
-# ---------------------------------------------------------------- loss, Eq. 19-21
+# ---------------------------------------------------------------- loss, Eq. 18-21 (clipped_objective)
 
 
 def _loss_inputs():
@@ -254,18 +254,18 @@ def _loss_inputs():
     old = old.clone()
     old[:, 2] = float("nan")
     mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)  # [N, T]
-    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)  # [N], one per row
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)  # [N], one per row (span)
     return logprobs.requires_grad_(True), old, advantages, mask
 
 
-def test_loop_loss_hand_computed_clipping_on_both_signs():
+def test_loss_hand_computed_clipping_on_both_signs():
     logprobs, old, advantages, mask = _loss_inputs()
-    out = loop_loss(logprobs, old, advantages, mask, eps_clip=0.2)
+    out = clipped_objective(logprobs, old, advantages, mask, clip_eps=0.2)
     # min(rho A, clip(rho) A): (1.5,+1)->1.2 clipped, (0.5,+1)->0.5, (1.5,-1)->-1.5, (0.5,-1)->-0.8 clipped
     assert out["pg_loss"].item() == pytest.approx(-(1.2 + 0.5 - 1.5 - 0.8) / 4)
     assert out["loss"].item() == pytest.approx(0.15)
     assert out["clipfrac"].item() == pytest.approx(0.5)
-    assert out["ratio_mean"].item() == pytest.approx(1.0)
+    assert out["ratio"].item() == pytest.approx(1.0)
     assert out["kl"].item() == 0.0
     out["loss"].backward()
     # d/dlogp of -rho A / sum M where unclipped; clipped and masked tokens get exactly 0
@@ -274,20 +274,49 @@ def test_loop_loss_hand_computed_clipping_on_both_signs():
     assert logprobs.grad[~mask].eq(0).all()
 
 
-def test_loop_loss_token_advantages_match_row_broadcast():
-    logprobs, old, advantages, mask = _loss_inputs()
-    per_token = advantages[:, None].expand(2, 3).clone()
-    per_token[:, 2] = float("nan")  # off-span advantage garbage is masked too
-    a = loop_loss(logprobs, old, advantages, mask, eps_clip=0.2)["loss"]
-    b = loop_loss(logprobs, old, per_token, mask, eps_clip=0.2)["loss"]
-    assert a.item() == pytest.approx(b.item())
+def test_span_rows_equal_the_packed_eq18_row_by_hand():
+    """Eq. 18 and 21 on one packed token row, written out here, equal clipped_objective on one row per
+    trained span carrying its span's advantage (what training does). The row is a forced
+    finalisation: q1 (3 tokens), answer (2, not trained), q2 (2), answer (1), final (4); no stop span."""
+    g = torch.Generator().manual_seed(0)
+    lengths, span_advantages = [3, 2, 2, 1, 4], [0.7, 0.0, -0.3, 0.0, 1.2]
+    trained = [True, False, True, False, True]  # Instruct answers are environment text: M = 0
+    logprobs = -torch.rand(sum(lengths), generator=g, dtype=torch.float64)
+    old = logprobs + 0.3 * torch.randn(sum(lengths), generator=g, dtype=torch.float64)
+    ref = logprobs + 0.2 * torch.randn(sum(lengths), generator=g, dtype=torch.float64)
+    eps_clip, beta = 0.2, 0.1
+    # Eq. 18: A^tok, every token of span i gets A_i; M masks the untrained spans
+    a_tok = torch.cat([torch.full((n,), a, dtype=torch.float64) for n, a in zip(lengths, span_advantages)])
+    m = torch.cat([torch.full((n,), float(t), dtype=torch.float64) for n, t in zip(lengths, trained)])
+    rho = torch.exp(logprobs - old)
+    surrogate = torch.minimum(rho * a_tok, rho.clamp(1 - eps_clip, 1 + eps_clip) * a_tok)
+    delta = ref - logprobs
+    k3 = torch.exp(delta) - delta - 1
+    by_hand = -(m * surrogate).sum() / m.sum() + beta * (m * k3).sum() / m.sum()  # Eq. 21
+
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    spans = [(s, n, a) for s, n, a, t in zip(starts, lengths, span_advantages, trained) if t]
+    width = max(n for _, n, _ in spans)
+    rows = {"logprobs": float("-inf"), "old": float("nan"), "ref": 0.0}  # padding garbage, masked out
+    padded = {k: torch.full((len(spans), width), fill, dtype=torch.float64) for k, fill in rows.items()}
+    mask = torch.zeros(len(spans), width, dtype=torch.bool)
+    for i, (s, n, _) in enumerate(spans):
+        for k, source in (("logprobs", logprobs), ("old", old), ("ref", ref)):
+            padded[k][i, :n] = source[s : s + n]
+        mask[i, :n] = True
+    out = clipped_objective(
+        padded["logprobs"], padded["old"], torch.tensor([a for _, _, a in spans], dtype=torch.float64), mask,
+        clip_eps=eps_clip, beta=beta, ref_logprobs=padded["ref"], weights=token_weights(mask, dtype=torch.float64),
+    )
+    assert out["loss"].item() == pytest.approx(by_hand.item(), rel=1e-12)
+    assert out["kl"].item() == pytest.approx(((m * k3).sum() / m.sum()).item(), rel=1e-12)
 
 
-def test_loop_loss_kl_k3_hand_computed():
+def test_loss_kl_k3_hand_computed():
     logprobs, old, advantages, mask = _loss_inputs()
     ref = (logprobs.detach() + math.log(2.0)).clone()  # pi_ref / pi_theta = 2 on every valid token
     ref[:, 2] = 0.0
-    out = loop_loss(logprobs, old, advantages, mask, eps_clip=0.2, beta=0.1, ref_logprobs=ref)
+    out = clipped_objective(logprobs, old, advantages, mask, clip_eps=0.2, beta=0.1, ref_logprobs=ref)
     k3 = 2.0 - math.log(2.0) - 1.0
     assert out["kl"].item() == pytest.approx(k3)
     assert out["loss"].item() == pytest.approx(0.15 + 0.1 * k3)
@@ -297,34 +326,35 @@ def test_loop_loss_kl_k3_hand_computed():
     assert torch.allclose(logprobs.grad, expected)
 
 
-def test_loop_loss_kl_logged_but_not_added_when_beta_zero():
+def test_loss_kl_logged_but_not_added_when_beta_zero():
     logprobs, old, advantages, mask = _loss_inputs()
     ref = torch.where(mask, logprobs.detach() + math.log(2.0), torch.zeros(()))
-    out = loop_loss(logprobs, old, advantages, mask, eps_clip=0.2, ref_logprobs=ref)
+    out = clipped_objective(logprobs, old, advantages, mask, clip_eps=0.2, ref_logprobs=ref)
     assert out["kl"].item() == pytest.approx(2.0 - math.log(2.0) - 1.0)
     assert out["loss"].item() == pytest.approx(0.15)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        loop_loss(logprobs, old, advantages, mask, eps_clip=0.2, beta=0.1)
+        clipped_objective(logprobs, old, advantages, mask, clip_eps=0.2, beta=0.1)
 
 
-def test_loop_loss_micro_batches_sum_to_full_batch_with_global_token_count():
+def test_loss_micro_batches_sum_to_full_batch_with_global_token_count():
     torch.manual_seed(0)
     logprobs = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
     old = logprobs.detach() + 0.3 * torch.randn(4, 5, dtype=torch.float64)
     mask = torch.rand(4, 5) > 0.3
-    advantages = torch.randn(4, 5, dtype=torch.float64)
-    full = loop_loss(logprobs, old, advantages, mask, eps_clip=0.2)["loss"]
-    count = mask.sum()
+    advantages = torch.randn(4, dtype=torch.float64)
+    full = clipped_objective(logprobs, old, advantages, mask, clip_eps=0.2)["loss"]
+    count = float(mask.sum())  # Eq. 21 divides by sum M over the whole batch
     parts = sum(
-        loop_loss(logprobs[i : i + 1], old[i : i + 1], advantages[i : i + 1], mask[i : i + 1], 0.2, token_count=count)["loss"]
+        clipped_objective(logprobs[i : i + 1], old[i : i + 1], advantages[i : i + 1], mask[i : i + 1], 0.2,
+                          weights=token_weights(mask[i : i + 1], normalizer=count, dtype=logprobs.dtype))["loss"]
         for i in range(4)
     )
     assert parts.item() == pytest.approx(full.item())
 
 
-def test_loop_loss_all_masked_is_zero_not_nan():
+def test_loss_all_masked_is_zero_not_nan():
     logprobs = torch.zeros(2, 3, requires_grad=True)
-    out = loop_loss(logprobs, torch.zeros(2, 3), torch.ones(2), torch.zeros(2, 3, dtype=torch.bool), eps_clip=0.2)
+    out = clipped_objective(logprobs, torch.zeros(2, 3), torch.ones(2), torch.zeros(2, 3, dtype=torch.bool), 0.2)
     assert out["loss"].item() == 0.0 and out["clipfrac"].item() == 0.0
     out["loss"].backward()
     assert logprobs.grad.eq(0).all()

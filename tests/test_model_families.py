@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_agents import tiny_agent
 
 from agentcap.agents import AgentConfig, build_agent
 from agentcap.agents.agent import pad_right
-from agentcap.agents import tiny_agent
 from agentcap.agents.tiny import TINY_KINDS, build_tiny
 from agentcap.algorithms.grpo import clipped_objective
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny_agents import tiny_agent
 
-from agentcap.agents import AgentConfig, build_agent, tiny_agent
+from agentcap.agents import AgentConfig, build_agent
 from agentcap.agents.prefix import repeated_rows, shared_prompt_cache
 
 G = 3

@@ -1,18 +1,12 @@
-"""READ rewards (Eq. 3–6): hand-computed values, rouge_score as the independent reference, and a
-2-process gloo run showing the Metric classes sync their means."""
+"""READ rewards (Eq. 3–6): hand-computed values and rouge_score as the independent reference, on
+the functions the READ environment calls (``read_rewards`` and its functional components)."""
 
 from __future__ import annotations
 
-import math
-import os
-
 import pytest
 import torch
-import torch.distributed as dist
-from gloo import join_group, run_in_two_processes
 from rouge_score import rouge_scorer
 
-from agentcap.rewards.base import RewardMetric
 from agentcap.rewards.functional.read import (
     accuracy_reward,
     anti_copy_mask,
@@ -21,14 +15,7 @@ from agentcap.rewards.functional.read import (
     format_reward,
     length_reward,
 )
-from agentcap.rewards.read import (
-    READ_WEIGHTS,
-    AnswerAccuracy,
-    AnswerFormat,
-    AnswerLength,
-    Coherence,
-    read_rewards,
-)
+from agentcap.rewards.read import READ_WEIGHTS, read_rewards
 
 NAN = float("nan")
 
@@ -222,37 +209,25 @@ def test_coherence_reward_bad_input():
         coherence_reward(torch.zeros(3), torch.zeros(3), [0, 0, 0], top_k=3, levels=(1.0, 0.5))
 
 
-# ---------------------------------------------------------------- Metric classes
+# ---------------------------------------------------------------- components over a batch
 
 
-def test_metric_classes_accumulate_the_mean():
-    fmt = AnswerFormat()
-    fmt.update([wrap("a"), "b"])
-    fmt.update([wrap("c"), wrap("d"), "e"])
-    assert fmt.compute().item() == pytest.approx(3 / 5)
+def test_components_score_each_response_of_a_batch_on_its_own():
+    """One value per response, in batch order, whatever else shares the batch."""
+    responses = [wrap("a"), "b", wrap("c"), wrap("d"), "e"]
+    assert format_reward(responses).tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
+    assert format_reward(responses[2:]).tolist() == [1.0, 1.0, 0.0]
 
     golds = ["the cat sat on the mat", "a man opens the door"]
     answers = [wrap("the cat is on the mat"), wrap("the man opens")]
-    accuracy = AnswerAccuracy()
-    accuracy.update(answers[:1], golds[:1])
-    accuracy.update(answers[1:], golds[1:])
-    expected = ((5 / 6 + 3 / 5 + 5 / 6) / 3 + (0.75 + 1 / 3 + 0.5) / 3) / 2
-    assert accuracy.compute().item() == pytest.approx(expected)
+    accuracy = accuracy_reward(answers, golds)
+    expected = [(5 / 6 + 3 / 5 + 5 / 6) / 3, (0.75 + 1 / 3 + 0.5) / 3]  # the hand computations above
+    assert accuracy.tolist() == pytest.approx(expected, abs=1e-12)
+    assert accuracy[1:].tolist() == accuracy_reward(answers[1:], golds[1:]).tolist()
 
-    length = AnswerLength(tolerance=0)
-    length.update(answers, ["w w w w w w", "w w w"])  # 6 vs 6, 3 vs 3
-    length.update([wrap("x")], ["x y"])
-    assert length.compute().item() == pytest.approx(2 / 3)
-
-    coherence = Coherence()
-    coherence.update(torch.tensor([1.0, 0.5, 0.0, 0.0]))
-    assert coherence.compute().item() == pytest.approx(0.375)
-    with pytest.raises(ValueError, match="finite"):
-        coherence.update(torch.tensor([NAN]))
-    with pytest.warns(UserWarning, match="before the ``update``"):
-        assert AnswerFormat().compute().isnan()
-    assert all(isinstance(m, RewardMetric) for m in (fmt, accuracy, length, coherence))
-    assert AnswerFormat.higher_is_better and not AnswerFormat.full_state_update
+    # Λ = 0: 6 vs 6 and 3 vs 3 words match, 1 vs 2 does not
+    length = length_reward([*answers, wrap("x")], ["w w w w w w", "w w w", "x y"], tolerance=0)
+    assert length.tolist() == [1.0, 1.0, 0.0]
 
 
 # ---------------------------------------------------------------- Eq. 6 read_rewards
@@ -315,34 +290,6 @@ def test_read_rewards_without_scorer_and_gating():
         read_rewards(responses, ["a b"] * 2, [[]] * 2, [0, 0], None, weights={"accuracy": 1.0})
     with pytest.raises(ValueError, match="one entry per response"):
         read_rewards(responses, ["a b"] * 2, [[]], [0, 0], None)
-
-
-# ---------------------------------------------------------------- 2-process gloo sync
-
-
-def _sync_worker(rank: int, port: int, out_dir: str) -> None:
-    join_group(rank, port)
-    try:
-        fmt = AnswerFormat()
-        length = AnswerLength(tolerance=0)
-        if rank == 0:  # 1 of 2 well formed; 1 of 2 lengths match (1 vs 1, 1 vs 2 words)
-            fmt.update([wrap("a"), "b"])
-            length.update([wrap("a"), wrap("b")], ["x", "x y"])
-        else:  # 3 of 3 well formed (different count per rank); lengths match 3 of 3
-            fmt.update([wrap("c"), wrap("d"), wrap("e")])
-            length.update([wrap("c"), wrap("d"), wrap("e")], ["x", "y", "z"])
-        with open(os.path.join(out_dir, f"rank{rank}.txt"), "w") as handle:
-            handle.write(f"{fmt.compute().item()} {length.compute().item()}")
-    finally:
-        dist.destroy_process_group()
-
-
-def test_reward_metric_syncs_mean_across_two_processes(tmp_path):
-    run_in_two_processes(_sync_worker, str(tmp_path))
-    for rank in (0, 1):
-        fmt_mean, length_mean = map(float, (tmp_path / f"rank{rank}.txt").read_text().split())
-        assert math.isclose(fmt_mean, 4 / 5)  # (1 + 3) / (2 + 3), not the mean of rank means
-        assert math.isclose(length_mean, 4 / 5)
 
 
 def test_rust_rouge_is_the_backend_and_scores_identically_to_rouge_score():

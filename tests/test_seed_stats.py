@@ -1,4 +1,4 @@
-"""tools/seed_stats.py: t quantiles against printed tables, intervals and Pearson's r by hand,
+"""agentcap.evaluation.seeds (tools/seed_stats.py): t quantiles against printed tables, intervals and Pearson's r by hand,
 and the report read from per-item evaluation rows."""
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_tool
 
+from agentcap.evaluation import seeds as stats
 from agentcap.evaluation.items import read_eval_items, write_eval_items
-
-stats = load_tool("seed_stats")
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 import soundfile
 
-from conftest import load_tool, read_jsonl
+from agentcap_envs.toy import movie as movie_world
+from agentcap_envs.toy import soundscapes as sound_world
+from conftest import read_jsonl
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
-
-movie_world = load_tool("make_toy_movie")
-sound_world = load_tool("make_toy_soundscapes")
 
 SMALL_MOVIE = ["--train-movies", "3", "--val-movies", "1", "--test-movies", "1",
                "--clips-per-movie", "12", "--corpus-movies", "5"]

@@ -16,26 +16,18 @@ import argparse
 import importlib.util
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from agentcap.data.question_bank import DEFAULT_VOCAB, rule_items
 from agentcap.judges.examiner import LLMExaminer, Question, load_causal_lm, parse_letter
 from agentcap.judges.prefix import MIN_TOKENS, prefix_tree
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path.home() / ".cache" / "agentcap" / "smollm2"
-
-
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def smollm2_folder() -> Path | None:
@@ -50,7 +42,7 @@ def smollm2_folder() -> Path | None:
 def toy_captions(n: int, seed: int, dense: bool = False) -> list[str]:
     """Toy-soundscape-style captions (the attribute words of build_cloze_bank's vocabulary), of 1–3
     events, or of every event type with ``dense`` (longer captions, more questions on each)."""
-    vocab = _tool("build_cloze_bank").DEFAULT_VOCAB
+    vocab = DEFAULT_VOCAB
     rng = random.Random(seed)
     captions = []
     for _ in range(n):
@@ -69,10 +61,9 @@ def toy_captions(n: int, seed: int, dense: bool = False) -> list[str]:
 
 def cloze_set(n: int, seed: int, dense: bool = False) -> tuple[list[str], list[Question]]:
     """``n`` distinct (caption, question) pairs; each caption states its questions' facts."""
-    writer = _tool("build_cloze_bank")
     captions, questions = [], []
     for caption in toy_captions(n, seed, dense):
-        for item in writer.rule_items(caption, writer.DEFAULT_VOCAB):
+        for item in rule_items(caption, DEFAULT_VOCAB):
             captions.append(caption)
             questions.append(Question.from_row(item))
             if len(questions) == n:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -37,15 +36,13 @@ def main(argv=None) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    root = Path(__file__).resolve().parents[1]
-    sys.path[:0] = [str(root), str(root / "tools")]
     import torch
 
     from agentcap.agents.agent import AgentConfig, build_agent
 
     model = args.model
     if model is None:
-        from resave_gguf import resave
+        from agentcap.agents.gguf import resave
 
         model = resave(Path(os.environ.get("AGENTCAP_CACHE", Path.home() / ".cache" / "agentcap")) / "smollm2-hf")
     device = "cuda" if torch.cuda.is_available() else "cpu"

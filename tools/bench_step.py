@@ -97,7 +97,8 @@ class Timer:
 # --- agentcap -----------------------------------------------------------------------------------
 def agentcap_steps(args) -> dict:
     from agentcap.agents.agent import Agent, pad_right
-    from agentcap.algorithms.grpo import clipped_objective, group_advantages, token_weights
+    from agentcap.algorithms.grpo import clipped_objective, token_weights
+    from agentcap.algorithms.loop import normalize_by_type
     from agentcap.training.old_policy import fill_old_logprobs, old_or_current
     from agentcap.training.optim import build_optimizer, optimizer_step
 
@@ -118,8 +119,9 @@ def agentcap_steps(args) -> dict:
         gens = agent.generate(observations, old_logprobs=False)
         timer.parts["generation"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        rewards = torch.tensor(reward([g.text for g in gens]), dtype=torch.float64)
-        advantages = group_advantages(rewards, [i // args.group for i in range(len(gens))])
+        rewards = reward([g.text for g in gens])
+        advantages = normalize_by_type(rewards, ["completion"] * len(gens), [i // args.group for i in range(len(gens))],
+                                       eps=1e-6)
         timer.parts["reward"] += time.perf_counter() - t0
         spans = [SimpleNamespace(observation=o, completion_ids=g.completion_ids, old_logprobs=None, advantage=float(a))
                  for o, g, a in zip(observations, gens, advantages)]

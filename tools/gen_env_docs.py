@@ -8,21 +8,12 @@ Arguments, Version history), so the page can never drift from the code.
 from __future__ import annotations
 
 import argparse
-import inspect
 from pathlib import Path
 
 import gymnasium as gym
-from gymnasium.envs.registration import load_env_creator
 
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
-
-
-def page(env_id: str) -> str:
-    spec = gym.registry[env_id]
-    cls = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
-    doc = inspect.cleandoc(cls.__doc__ or "")
-    title, _, body = doc.partition("\n")
-    return f"# {env_id}\n\n*{title.strip()}* — `{spec.entry_point}`\n\n```python\nenv = gymnasium.make(\"{env_id}\", ...)\n```\n{body}\n"
+from agentcap.commands.envs import env_page as page
 
 
 def main(argv: list[str] | None = None) -> int:

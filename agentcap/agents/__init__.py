@@ -1,8 +1,20 @@
 """Agents: roles bound to models, and the model families they load through."""
 
-from agentcap.agents.agent import Agent, AgentConfig, Generation, MissingWeightsError, build_agent, tiny_agent
-from agentcap.agents.tokenizer import build_word_tokenizer
-from agentcap.agents.toy import ToyConfig, ToyMediaLM
+import importlib
 
-__all__ = ["Agent", "AgentConfig", "Generation", "MissingWeightsError", "ToyConfig", "ToyMediaLM",
-           "build_agent", "build_word_tokenizer", "tiny_agent"]
+# Re-exported on first use: a submodule importing a sibling runs this file, so it imports none of them.
+_LAZY = {
+    **dict.fromkeys(["Agent", "AgentConfig", "MissingWeightsError", "build_agent"], "agentcap.agents.agent"),
+    "Generation": "agentcap.agents.generation",
+    "build_word_tokenizer": "agentcap.agents.tokenizer",
+    "ToyConfig": "agentcap.agents.toy",
+    "ToyMediaLM": "agentcap.agents.toy",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

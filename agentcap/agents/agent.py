@@ -13,17 +13,23 @@ import contextlib
 import copy
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
 import torch.nn as nn
 
-from agentcap.agents.backends import VLLMOptions, build_backend
+from agentcap.agents.backends.base import VLLMOptions
+from agentcap.agents.backends.build import build_backend
 from agentcap.agents.adapters import Adapters, LoraSpec, attach_adapter
+from agentcap.agents.checkpointing import enable_gradient_checkpointing
 from agentcap.agents.families import FAMILIES, Family, Observation
+from agentcap.agents.generation import Generation
 from agentcap.agents.logprobs import chosen_logprobs, head_removed, logits_logprobs, plain_head
-from agentcap.agents.tiny import CAUSAL_KINDS, build_tiny
+from agentcap.agents.tiny import build_tiny
+from agentcap.agents.tokenizer import build_word_tokenizer, saved_word_tokenizer
+from agentcap.agents.tokens import pad_right, trim_after_eos  # noqa: F401  (trim_after_eos: re-exported)
+from agentcap.agents.toy import ToyConfig, ToyMediaLM
 
 
 @dataclass
@@ -85,18 +91,6 @@ class AgentConfig:
             if unknown:
                 raise ValueError(f"vllm: unknown option(s) {unknown}; known: {sorted(known)}")
             self.vllm = VLLMOptions(**self.vllm)
-
-
-@dataclass
-class Generation:
-    """One sampled action: its text, token ids, the learner's log-probs of them (old policy; ``None``
-    when not asked for: the update takes them from its own first forward, ``agentcap.training.old_policy``)
-    and the sampler's own (a vLLM backend's; ``None`` under HF, where sampler = learner)."""
-
-    text: str
-    completion_ids: torch.Tensor  # [T]
-    old_logprobs: torch.Tensor | None  # [T]
-    sampler_logprobs: torch.Tensor | None = None  # [T]
 
 
 class Agent(nn.Module):
@@ -218,14 +212,13 @@ class Agent(nn.Module):
             sampled = self.backend.sample(chunk, inputs, greedy, row_seeds)
             completion, mask = pad_right([x.completion_ids for x in sampled], self.tokenizer.pad_token_id, self.family.device)
             logprobs = self.completion_logprobs(inputs, completion, mask) if old_logprobs else None
-            for i, x in enumerate(sampled):
+            for i, x in enumerate(sampled):  # the backend's records, completed with text and old log-probs
                 n = int(mask[i].sum())
                 ids = completion[i, :n]
-                text = self.tokenizer.decode(ids, skip_special_tokens=True).strip()
                 old = None if logprobs is None else logprobs[i, :n].cpu()
-                results.append(Generation(
-                    text=text, completion_ids=ids.cpu(), old_logprobs=old,
-                    sampler_logprobs=old if x.sampler_logprobs is None else x.sampler_logprobs,
+                results.append(replace(
+                    x, text=self.tokenizer.decode(ids, skip_special_tokens=True).strip(), completion_ids=ids.cpu(),
+                    old_logprobs=old, sampler_logprobs=old if x.sampler_logprobs is None else x.sampler_logprobs,
                 ))
         return results
 
@@ -277,29 +270,6 @@ class Agent(nn.Module):
         return out
 
 
-def trim_after_eos(new: torch.Tensor, eos_ids: Sequence[int], pad_id: int):
-    """Keep tokens up to and including the first EOS; returns (ids [N, T], mask [N, T])."""
-    is_eos = torch.zeros_like(new, dtype=torch.bool)
-    for e in eos_ids:
-        is_eos |= new == e
-    after = (is_eos.cumsum(dim=1) - is_eos.long()) > 0  # strictly after the first EOS
-    mask = (~after).long()
-    ids = new.masked_fill(after, pad_id)
-    keep = int(mask.sum(dim=1).max()) if mask.numel() else 0
-    return ids[:, : max(keep, 1)], mask[:, : max(keep, 1)]
-
-
-def pad_right(rows: Sequence[torch.Tensor], pad_id: int, device=None):
-    """Right-pad 1-D tensors into ([N, T] ids, [N, T] mask)."""
-    t = max(max((r.numel() for r in rows), default=1), 1)
-    ids = torch.full((len(rows), t), pad_id, dtype=rows[0].dtype if rows else torch.long)
-    mask = torch.zeros(len(rows), t, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : r.numel()] = r
-        mask[i, : r.numel()] = 1
-    return ids.to(device), mask.to(device)
-
-
 # --- building agents from configs -------------------------------------------------------------
 class MissingWeightsError(FileNotFoundError):
     """A paper recipe points at weights this machine does not have."""
@@ -322,8 +292,6 @@ def build_agent(
         raise ValueError(f"agents.{name}: give exactly one of model / toy / tiny (got {len(sources)})")
     tokenizer = _load_tokenizer(name, config, extra_texts, vocabulary)
     if config.toy is not None:
-        from agentcap.agents.toy import ToyConfig, ToyMediaLM
-
         toy = dict(config.toy)
         toy.update(
             vocab_size=len(tokenizer),
@@ -350,8 +318,6 @@ def build_agent(
                 "(e.g. `agentcap fit --config configs/demo/read.yaml`)."
             )
         if os.path.isfile(os.path.join(path, "toy_config.json")):
-            from agentcap.agents.toy import ToyMediaLM
-
             model, family = ToyMediaLM.from_pretrained(path), "toy"
         else:
             model = _load_hf_model(path, config, dtype)
@@ -367,8 +333,6 @@ def build_agent(
     if tokenizer is None:
         raise ValueError(f"agents.{name}: no tokenizer (set tokenizer, model or build_tokenizer_from)")
     if config.gradient_checkpointing:
-        from agentcap.agents.checkpointing import enable_gradient_checkpointing
-
         enable_gradient_checkpointing(model, name)
     agent = Agent(
         name,
@@ -417,8 +381,6 @@ def _share_base(name: str, config: AgentConfig, configs: dict[str, AgentConfig],
     if any(x is not None for x in mine) and mine != theirs:
         raise ValueError(f"{where}: {name!r} names another model than {owner!r}; give none, or the same one")
     if config.gradient_checkpointing:
-        from agentcap.agents.checkpointing import enable_gradient_checkpointing
-
         enable_gradient_checkpointing(base.model, name)
     agent = Agent(
         name,
@@ -439,12 +401,8 @@ def _share_base(name: str, config: AgentConfig, configs: dict[str, AgentConfig],
 
 def _load_tokenizer(name: str, config: AgentConfig, extra_texts: Sequence[str] = (), vocabulary: str | None = None):
     if config.build_tokenizer_from and vocabulary is not None:
-        from agentcap.agents.tokenizer import saved_word_tokenizer
-
         return saved_word_tokenizer(vocabulary, lambda: _load_tokenizer(name, config, extra_texts))
     if config.build_tokenizer_from:
-        from agentcap.agents.tokenizer import build_word_tokenizer
-
         texts = list(extra_texts)
         for path in config.build_tokenizer_from:
             if not os.path.isfile(path):
@@ -510,48 +468,3 @@ def _guess_family(hf_config) -> str:
     if "audio" in kind or "omni" in kind:
         return "audio"
     return "causal_lm"
-
-
-# --- tiny agents of the real architecture classes (tests, examples) --------------------------
-def tiny_agent(kind: str, name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any):
-    """An :class:`agentcap.agents.Agent` around :func:`build_tiny` (frozen until ``set_trainable``)."""
-    parts = build_tiny(kind, texts=texts, seed=seed)
-    agent_kwargs.setdefault("max_new_tokens", 8)
-    return Agent(name, parts.model, parts.tokenizer, family=parts.family, processor=parts.processor, **agent_kwargs)
-
-
-def tiny_causal_lm(
-    kind: str = "qwen2", name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any
-):
-    """A tiny Qwen2 / Qwen3 / Llama / GPT-2 agent (text only)."""
-    if kind not in CAUSAL_KINDS:
-        raise ValueError(f"unknown causal LM kind {kind!r}; one of {CAUSAL_KINDS}")
-    return tiny_agent(kind, name, texts, seed, **agent_kwargs)
-
-
-def tiny_qwen2_vl(
-    name: str = "policy", texts: Sequence[str] = (), seed: int = 0, frames_as: str = "video", **agent_kwargs: Any
-):
-    """A tiny ``Qwen2VLForConditionalGeneration`` agent with a real ``Qwen2VLProcessor``."""
-    agent = tiny_agent("qwen2_vl", name, texts, seed, **agent_kwargs)
-    agent.family.frames_as = frames_as
-    return agent
-
-
-def tiny_qwen3_vl(
-    name: str = "policy", texts: Sequence[str] = (), seed: int = 0, frames_as: str = "video", **agent_kwargs: Any
-):
-    """A tiny ``Qwen3VLForConditionalGeneration`` agent with a real ``Qwen3VLProcessor``."""
-    agent = tiny_agent("qwen3_vl", name, texts, seed, **agent_kwargs)
-    agent.family.frames_as = frames_as
-    return agent
-
-
-def tiny_qwen2_audio(name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any):
-    """A tiny ``Qwen2AudioForConditionalGeneration`` agent with a real ``Qwen2AudioProcessor``."""
-    return tiny_agent("qwen2_audio", name, texts, seed, **agent_kwargs)
-
-
-def tiny_qwen25_omni_thinker(name: str = "policy", texts: Sequence[str] = (), seed: int = 0, **agent_kwargs: Any):
-    """A tiny ``Qwen2_5OmniThinkerForConditionalGeneration`` agent with a real ``Qwen2_5OmniProcessor``."""
-    return tiny_agent("qwen2_5_omni_thinker", name, texts, seed, **agent_kwargs)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from agentcap.agents.checkpointing import is_checkpointed
+from agentcap.agents.prefix import shared_prompt_cache
 
 Observation = dict[str, Any]
 
@@ -82,8 +83,6 @@ class Family:
         """The KV cache of the batch's prompts (all but the last token), each distinct prompt
         computed once, for ``generate(past_key_values=…)``; None when no prompt repeats or the
         model's cache cannot be shared (``agents.prefix``)."""
-        from agentcap.agents.prefix import shared_prompt_cache
-
         return shared_prompt_cache(self.model, inputs["attention_mask"], input_ids=inputs["input_ids"])
 
     # --- scoring ------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ model config. Every code path (chat template, placeholder expansion, M-RoPE, fea
 generate) is therefore the one a pretrained checkpoint takes; only the weights are random.
 
 ``build_tiny(kind, …)`` gives the parts (this module knows nothing of agents);
-``agentcap.agents.tiny_agent(kind)`` wraps them in a ready :class:`agentcap.agents.Agent`, and
-``AgentConfig(tiny={"kind": "qwen2_vl"})`` goes through ``build_tiny`` too.
+``AgentConfig(tiny={"kind": "qwen2_vl"})`` builds an agent through it (the demo configs), and the
+tests wrap the parts in an agent directly (``tests/tiny_agents.py``).
 """
 
 from __future__ import annotations

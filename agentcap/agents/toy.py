@@ -20,6 +20,8 @@ import torch.nn as nn
 
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from agentcap.agents.prefix import shared_prompt_cache
+
 
 LOG_MEL_SHIFT, LOG_MEL_SCALE = 5.5, 2.0
 
@@ -161,8 +163,6 @@ class ToyMediaLM(nn.Module):
     def prompt_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: list[dict]):
         """The LM's KV cache of each distinct laid-out prompt (same media, same tokens), computed once,
         for ``generate(..., past_key_values=…)`` (``agentcap.agents.prefix``)."""
-        from agentcap.agents.prefix import shared_prompt_cache
-
         embeds, mask, _ = self._layout(input_ids, attention_mask, media)
         return shared_prompt_cache(self.lm, mask, inputs_embeds=embeds)
 

@@ -1,53 +1,38 @@
-"""GRPO: group-relative advantages and the clipped objective with a KL penalty.
+"""GRPO's clipped objective with a KL penalty (READ Eq. 2, AudioMap Eq. 1, LOOP-GRPO Eq. 19–21).
 
-Follows READ Eq. 1–2 and AudioMap Eq. 1. Departures, and why:
+The advantages it takes come from :func:`agentcap.algorithms.loop.normalize_by_type` (READ Eq. 1,
+LOOP-GRPO Eq. 17), one per row: each trained span is its own row, so LOOP-GRPO's token advantage
+(Eq. 18) is the row's advantage broadcast over its tokens. Departures, and why:
 
-1. Advantages divide by ``std + eps`` (AudioMap's δ) with the population std (``std="unbiased"``
-   and eps 1e-4 match TRL); a group whose rewards are all equal gets exactly zero advantage
-   (never NaN), as with READ Eq. 1 in the limit.
-2. The ratio is per token (AudioMap's ρ_{i,t}); READ writes it per sequence, which for a clipped
+1. The ratio is per token (AudioMap's ρ_{i,t}); READ writes it per sequence, which for a clipped
    objective is numerically fragile on long responses.
-3. KL uses the k3 estimator exp(r) − r − 1 with r = log π_ref − log π_θ, unbiased and positive.
-4. The loss is a weighted sum of per-token terms with weights that sum to one over the *global*
+2. KL uses the k3 estimator exp(r) − r − 1 with r = log π_ref − log π_θ, unbiased and positive
+   (LOOP Eq. 21 leaves the estimator open), weighted like the policy term.
+3. The loss is a weighted sum of per-token terms with weights that sum to one over the *global*
    batch (token mode: 1/ΣM, LOOP Eq. 21; sequence mode: 1/(T_i·N), AudioMap Eq. 1). Passing the
    global normaliser keeps a data-parallel run equal to a single-process one when gradients are
    summed across ranks.
+4. Masked positions are removed with ``torch.where`` before ``exp``, so padding that carries -inf
+   or NaN log-probs cannot poison the loss or its gradient (M · NaN would).
+5. The clip fraction (a log, not part of the objective) counts the weighted tokens whose gradient
+   clipping removes: ρ > 1 + ε with A > 0, or ρ < 1 − ε with A < 0. Tokens with A = 0 never count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Literal
 
 import torch
 
 
-def group_advantages(
-    rewards: torch.Tensor,
-    groups: Sequence[int] | torch.Tensor,
-    eps: float = 1e-6,
-    std: Literal["population", "unbiased"] = "population",
-):
-    """A_i = (R_i − mean_g R) / (std_g R + eps) within each group g (READ Eq. 1): [N] → [N].
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token KL(π_θ ‖ π_ref) estimate exp(r) − r − 1, r = log π_ref − log π_θ: [N, T].
 
-    A group whose rewards are all equal (or that has one member) gets exactly 0: its std is ~1e-17
-    in float arithmetic, not 0, so testing ``std > 0`` would pass rounding noise through.
+    With ``mask``, r is set to 0 on masked positions before ``exp`` (their estimate is exactly 0).
     """
-    rewards = torch.as_tensor(rewards, dtype=torch.float64)
-    groups = torch.as_tensor(groups)
-    advantages = torch.zeros_like(rewards)
-    for g in torch.unique(groups):
-        members = groups == g
-        r = rewards[members]
-        if r.numel() < 2 or bool(r.max() == r.min()):
-            continue
-        advantages[members] = (r - r.mean()) / (r.std(unbiased=std == "unbiased") + eps)
-    return advantages
-
-
-def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token KL(π_θ ‖ π_ref) estimate exp(r) − r − 1, r = log π_ref − log π_θ: [N, T]."""
     r = ref_logprobs - logprobs
+    if mask is not None:
+        r = torch.where(mask.bool(), r, r.new_zeros(()))
     return torch.exp(r) - r - 1.0
 
 
@@ -81,16 +66,17 @@ def clipped_objective(
 ) -> dict[str, torch.Tensor]:
     """Clipped surrogate minus β·KL, as a loss to minimise.
 
-    Shapes: logprobs, old_logprobs, mask, ref_logprobs [N, T]; advantages [N] (one per sequence,
-    GRPO) or [N, T] (span-aligned, LOOP-GRPO Eq. 18). ``weights`` [N, T] from :func:`token_weights`.
+    Shapes: logprobs, old_logprobs, mask, ref_logprobs [N, T]; advantages [N], one per row (a
+    response, GRPO; a span, LOOP-GRPO, whose Eq. 18 gives every token of the span the span's
+    advantage). ``weights`` [N, T] from :func:`token_weights`.
     ``importance_weights`` [N, T] (detached) reweight each token's surrogate: the off-policy
     correction of ``algorithms.offpolicy`` when a separate engine sampled the actions.
     """
     keep = mask.bool()  # [N, T]
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)
-    advantages = torch.where(keep, advantages.to(logprobs.dtype).expand_as(logprobs), zero)
+    if advantages.dim() != 1:
+        raise ValueError(f"advantages must be [N], one per row, got shape {tuple(advantages.shape)}")
+    advantages = torch.where(keep, advantages.to(logprobs.dtype).unsqueeze(1).expand_as(logprobs), zero)
     if weights is None:
         weights = token_weights(mask, dtype=logprobs.dtype)
     weights = weights.to(logprobs.dtype)
@@ -109,9 +95,7 @@ def clipped_objective(
     if beta > 0.0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs from the frozen reference model")
     if ref_logprobs is not None:  # logged whenever a reference exists, trained only when beta > 0
-        # masked before exp() for the same reason as the ratio; equals kl_k3 on kept tokens
-        r = torch.where(keep, ref_logprobs.detach() - logprobs, zero)
-        kl = ((torch.exp(r) - r - 1.0) * weights).sum()
+        kl = (kl_k3(logprobs, ref_logprobs.detach(), keep) * weights).sum()  # masked before exp(), as the ratio
     else:
         kl = zero
     return {

@@ -21,19 +21,7 @@ import torch
 from agentcap.core.manifests import ManifestError
 from agentcap.resume.checkpoints import latest_checkpoint
 from agentcap.resume.loading import load_module
-
-
-def write_predictions(run_dir: str, rows: list[dict[str, Any]]) -> str:
-    """``<run_dir>/predictions.jsonl`` (``predictions.rank<R>.jsonl`` per process under data parallel)."""
-    from agentcap.parallel.distributed import world
-
-    rank, size = world()
-    os.makedirs(run_dir, exist_ok=True)
-    path = os.path.join(run_dir, "predictions.jsonl" if size == 1 else f"predictions.rank{rank}.jsonl")
-    with open(path, "w", encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps(row) + "\n")
-    return path
+from agentcap.rollout.driver import RolloutDriver
 
 
 def caption_command(argv: list[str]) -> int:
@@ -46,8 +34,6 @@ def caption_command(argv: list[str]) -> int:
     parser.add_argument("--out", default="captions.jsonl", help="JSONL output")
     parser.add_argument("--limit", type=int, default=None, help="caption at most this many items")
     args = parser.parse_args(argv)
-
-    from agentcap.rollout.driver import RolloutDriver
 
     module = load_module(args.config, None)
     checkpoint = args.checkpoint or latest_checkpoint(module.run_dir)

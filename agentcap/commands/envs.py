@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 from typing import Any
 
 import gymnasium as gym
@@ -35,3 +36,14 @@ def _first_doc_line(spec: Any) -> str:
         return f"(cannot import: {err})"
 
 
+
+
+def env_page(env_id: str) -> str:
+    """``docs/envs/<Name>.md`` of a registered environment, from its class docstring (the single source:
+    Description, Action, Observation, Rewards, Episode end, Arguments, Version history); ``tools/gen_env_docs.py``
+    writes them."""
+    spec = gym.registry[env_id]
+    cls = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    title, _, body = doc.partition("\n")
+    return f"# {env_id}\n\n*{title.strip()}* — `{spec.entry_point}`\n\n```python\nenv = gymnasium.make(\"{env_id}\", ...)\n```\n{body}\n"

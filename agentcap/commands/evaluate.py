@@ -19,9 +19,15 @@ import sys
 from typing import Any
 
 import gymnasium as gym
+import torch
 
 from agentcap.core.registry import load_env_plugins
+from agentcap.evaluation.captioning import CaptionMetrics, warn
+from agentcap.evaluation.rollouts import write_summary
+from agentcap.evaluation.table import results_table
+from agentcap.evaluation.tasks import task_metrics
 from agentcap.resume.loading import env_config_of, trained_module
+from agentcap.rollout.driver import RolloutDriver
 
 SPLITS = ("test", "val", "train")
 
@@ -76,10 +82,6 @@ def match(items: list[dict[str, Any]], rows: list[dict[str, Any]], where: str) -
 
 def evaluate_command(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    from agentcap.evaluation.captioning import CaptionMetrics, warn
-    from agentcap.evaluation.table import results_table
-    from agentcap.evaluation.tasks import task_metrics
-
     if args.env and not (args.manifest and args.predictions):
         raise SystemExit("agentcap evaluate: --env needs --manifest and --predictions")
     config = os.path.join(args.run, "config.yaml") if args.run else args.config
@@ -101,12 +103,8 @@ def evaluate_command(argv: list[str]) -> int:
         where = args.predictions
     else:
         module = trained_module(config, args.checkpoint)
-        from agentcap.rollout.driver import RolloutDriver
-
         items = env.items[: args.limit] if args.limit else env.items
         driver = RolloutDriver(lambda: module.env_config.make(split, overrides, defer_scoring=True), module.agents)
-        import torch
-
         with torch.no_grad():
             rows = env.caption(driver, items)
         where = config
@@ -121,22 +119,9 @@ def evaluate_command(argv: list[str]) -> int:
     summary = {args.stage: result}
     run_dir = args.run or (module.run_dir if module is not None else None)
     if run_dir:
-        summary = write_summary(run_dir, args.stage, result)
-        print(os.path.abspath(os.path.join(run_dir, "summary.json")), file=sys.stderr)
+        path = write_summary(run_dir, summary, merge=True)
+        with open(path, encoding="utf-8") as handle:
+            summary = json.load(handle)  # every evaluated stage of the run, for the table
+        print(os.path.abspath(path), file=sys.stderr)
     print(results_table(summary, title=f"agentcap evaluate: {len(rows)} items", order=[*order, args.stage]))
     return 0
-
-
-def write_summary(run_dir: str, stage: str, result: dict[str, float]) -> dict[str, dict[str, float]]:
-    """Add ``stage`` to ``<run_dir>/summary.json`` (keeping every other entry); the whole summary."""
-    path = os.path.join(run_dir, "summary.json")
-    summary: dict[str, Any] = {}
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as handle:
-            summary = json.load(handle)
-    summary[stage] = result
-    os.makedirs(run_dir, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(summary, handle, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
-    return summary

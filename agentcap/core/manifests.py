@@ -1,4 +1,4 @@
-"""Manifests, media loading and the index data module.
+"""Manifests and media loading: the rows a task reads, checked as they load.
 
 Every error names the file, the row and the field, so a user can fix a bad manifest in one go.
 Rows that cannot be used are either refused at load (``on_error="raise"``) or skipped and counted

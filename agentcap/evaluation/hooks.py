@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 from agentcap.parallel import distributed
+from agentcap.evaluation.captioning import CaptionMetrics, warn
 from agentcap.evaluation.items import write_eval_items
+from agentcap.evaluation.predictions import write_predictions
 from agentcap.evaluation.rollouts import evaluate_rollouts, write_summary
 from agentcap.training.logs import emit, log_captions
 from agentcap.training.schedule import Stage
@@ -42,8 +44,6 @@ class EvaluationHooks:
         env = driver.scorer.unwrapped
         rank, world = distributed.world()
         results = env.caption(driver, env.items[rank::world])
-        from agentcap.commands.caption import write_predictions
-
         write_predictions(self.run_dir, results)
         return results
 
@@ -73,8 +73,6 @@ class EvaluationHooks:
         if getattr(self, "eval_metrics", "rewards") != "papers":
             return None
         if getattr(self, "_captioning", None) is None:
-            from agentcap.evaluation.captioning import CaptionMetrics, warn
-
             self._captioning = CaptionMetrics()
             if distributed.world()[0] == 0:
                 warn(self._captioning.notes)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from agentcap.evaluation.tasks import item_row, task_metrics
 from agentcap.parallel.distributed import gather_objects, most, share, world
 from agentcap.rollout.driver import RolloutDriver
 
@@ -37,8 +38,6 @@ def evaluate_rollouts(
     ``captioning``, also the papers' metrics. ``rows`` (a list), on every rank, receives one row per
     evaluated item in item order (:func:`agentcap.evaluation.tasks.item_row`): what
     ``<run_dir>/eval/<stage>.jsonl`` holds."""
-    from agentcap.evaluation.tasks import item_row
-
     env = driver.scorer.unwrapped
     n = len(env.items)
     indices = list(range(n if limit is None else min(n, limit)))
@@ -57,8 +56,6 @@ def evaluate_rollouts(
     ordered = [row for _, row in every]
     result = means(ordered)
     if captioning is not None:
-        from agentcap.evaluation.tasks import task_metrics
-
         papers = task_metrics(env, [env.items[i] for i, _ in every], ordered, captioning) if world()[0] == 0 else None
         result.update(gather_objects(papers)[0])
     if rows is not None:
@@ -82,15 +79,15 @@ def means(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def write_summary(run_dir: str, summary: dict[str, dict[str, float]], merge: bool = False) -> str:
-    """``<run_dir>/summary.json``, replaced atomically; ``merge`` keeps the file's other entries
-    (``validate`` / ``test`` add theirs to a training run's file)."""
+    """``<run_dir>/summary.json``, replaced atomically; its path. ``merge`` keeps the file's other
+    entries (``validate`` / ``test`` and ``agentcap evaluate`` add theirs to a training run's file)."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "summary.json")
     summary = dict(summary)
     if merge and os.path.isfile(path):
-        with open(path) as handle:
+        with open(path, encoding="utf-8") as handle:
             summary = {**json.load(handle), **summary}
-    with open(path + ".tmp", "w") as handle:
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2, sort_keys=True)
     os.replace(path + ".tmp", path)
     return path

@@ -24,6 +24,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentcap.evaluation.captioning import CaptionMetrics
+from agentcap.evaluation.retrieval import recall_at_k
+from agentcap.judges.examiner import question_bank
+from agentcap.rewards.functional.cloze import answer_scores, event_temporal_reward
 
 #: READ's two retrieval settings, (k, N).
 RECALLS = ((5, 16), (1, 5))
@@ -87,8 +90,6 @@ def task_metrics(
     references = [[str(item[field])] for item in items]
     result = captioning(captions, references)
     if items and all("movie" in item and "position" in item for item in items) and captioning.use_bertscore:
-        from agentcap.evaluation.retrieval import recall_at_k
-
         similarity = lambda hyps, refs: captioning.bertscore(hyps, refs)  # noqa: E731
         for k, n in RECALLS:
             result[f"recall@{k}/{n}"] = recall_at_k(
@@ -102,8 +103,6 @@ def task_metrics(
     if getattr(env, "examiner", None) is not None:
         result.update(question_metrics(env, items, captions))
     if getattr(env, "temporal", None) is not None and items and all(i.get("anchors") for i in items):
-        from agentcap.rewards.functional.cloze import event_temporal_reward
-
         result["tiou"] = float(event_temporal_reward(captions, [i["anchors"] for i in items], env.temporal).mean())
     return result
 
@@ -125,9 +124,6 @@ def coherence_metrics(scorer: Any, contexts: Sequence[Sequence[str]], captions: 
 
 def question_metrics(env: Any, items: Sequence[Mapping[str, Any]], captions: Sequence[str]) -> dict[str, float]:
     """Question accuracy and the mean answer score (ESR / G2P), per caption then averaged."""
-    from agentcap.rewards.functional.cloze import answer_scores
-    from agentcap_envs.cloze_caption import question_bank
-
     field = question_field(env)
     texts, questions, owner = [], [], []
     for i, (item, caption) in enumerate(zip(items, captions)):

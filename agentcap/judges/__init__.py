@@ -1,58 +1,22 @@
 """Frozen judges: cloze / MCQ examiners, temporal examiners and the READ coherence scorer."""
 
-from __future__ import annotations
+import importlib
 
-from typing import Any, Literal
+# Re-exported on first use: a submodule importing a sibling runs this file, so it imports none of them.
+_LAZY = {
+    "CoherenceScorer": "agentcap.judges.coherence",
+    **dict.fromkeys(["Examiner", "LLMExaminer", "Question", "RuleExaminer"], "agentcap.judges.examiner"),
+    "causal_lm": "agentcap.judges.pool",
+    **dict.fromkeys(["LLMTemporalExaminer", "RuleTemporalExaminer", "TemporalExaminer", "parse_intervals"],
+                    "agentcap.judges.temporal"),
+    "build_examiner": "agentcap.judges.build",
+    "build_temporal_examiner": "agentcap.judges.build",
+}
 
-from agentcap.judges.coherence import CoherenceScorer
-from agentcap.judges.examiner import Examiner, LLMExaminer, Question, RuleExaminer
-from agentcap.judges.pool import causal_lm
-from agentcap.judges.temporal import LLMTemporalExaminer, RuleTemporalExaminer, TemporalExaminer, parse_intervals
-
-
-# Local LLM judges load once per process (agentcap.judges.pool), whichever environment asks.
-def build_examiner(
-    spec: str | dict[str, Any], device: str = "cpu", readout: Literal["letters", "options"] = "letters"
-) -> Examiner:
-    """``rule`` (toy worlds only), the local folder of an HF causal LM, an OpenAI-compatible server
-    ``{url: http://HOST:8000/v1, model: NAME}`` shared by every rank, or ``{vllm: FOLDER}``: a vLLM
-    engine in this process (both ``agentcap.judges.served``; letters readout only).
-
-    ``readout="letters"`` answers by the next-token logits of A–E (the papers' examiner);
-    ``"options"`` scores each option's text, for small models that cannot follow a letter format.
-    """
-    if isinstance(spec, dict):
-        from agentcap.judges.served import ServedExaminer, VLLMExaminer, served_judge_client
-
-        if readout != "letters":
-            raise ValueError(f"examiner_readout: a served / vLLM examiner reads letters only (got {readout!r})")
-        if "vllm" in spec:
-            return VLLMExaminer(spec["vllm"], **{k: v for k, v in spec.items() if k != "vllm"})
-        return ServedExaminer(served_judge_client(spec, "examiner"))
-    if spec == "rule":
-        return RuleExaminer()
-    return LLMExaminer(*causal_lm(spec, device), readout=readout)
+__all__ = sorted(_LAZY)
 
 
-def build_temporal_examiner(spec: str | dict[str, Any], half_width: float, device: str = "cpu") -> TemporalExaminer:
-    """``rule`` (the deterministic timestamp parser), the local folder of an HF causal LM, or an
-    OpenAI-compatible server ``{url: http://HOST:8000/v1, model: NAME}`` shared by every rank (the
-    cloze examiner's server can answer both)."""
-    if isinstance(spec, dict):
-        from agentcap.judges.served import ServedTemporalExaminer, served_judge_client
-
-        if "vllm" in spec:
-            raise ValueError("temporal_examiner: a vLLM engine in process ({vllm: ...}) is not supported; "
-                             "serve the model (`vllm serve`) and give {url, model} (docs/vllm.md)")
-        return ServedTemporalExaminer(served_judge_client(spec, "temporal_examiner"), half_width=half_width)
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"temporal_examiner: expected 'rule', a model folder or {{url, model}}, got {spec!r}")
-    if spec == "rule":
-        return RuleTemporalExaminer(half_width=half_width)
-    return LLMTemporalExaminer(*causal_lm(spec, device), half_width=half_width)
-
-
-__all__ = [
-    "CoherenceScorer", "Examiner", "LLMExaminer", "LLMTemporalExaminer", "Question", "RuleExaminer",
-    "RuleTemporalExaminer", "TemporalExaminer", "build_examiner", "build_temporal_examiner", "parse_intervals",
-]
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,6 +33,7 @@ from agentcap.parallel.distributed import world
 from agentcap.judges.prefix import PrefixReader
 from agentcap.parallel.lockstep import FORWARD, GENERATE, announce_pass, stand_in_passes
 from agentcap.parallel.sharding import is_sharded
+from agentcap.rewards.evidence import EVIDENCE_PREAMBLE, QUESTION_LABEL
 
 LETTERS = ("A", "B", "C", "D", "E")
 GOLD_LETTERS = LETTERS[:4]
@@ -87,6 +88,23 @@ class Question:
         """The passage followed by the lettered options, as the examiner reads it."""
         lines = [self.passage] + [f"{letter}. {text}" for letter, text in zip(LETTERS, self.options)]
         return "\n".join(lines)
+
+
+def question_bank(item: Mapping[str, Any], field: str = "cloze") -> list[Question]:
+    """The item's parsed question bank (``field``: ``cloze`` for AudioMap, ``mcq`` for ACE-Cap): parsed
+    on load from a manifest (``_questions``), parsed here from ``item[field]`` (and kept under a key
+    of that field) for items handed over directly (``items=``); empty for an unlabelled item."""
+    questions = item.get("_questions")
+    if questions is None:
+        cache = f"_questions:{field}"
+        questions = item.get(cache)
+        if questions is None:
+            where = str(item.get("_where") or item.get("id", "item"))
+            rows = item.get(field) or []
+            questions = [Question.from_row(q, f"{where}: {field}[{j}]") for j, q in enumerate(rows)]
+            if isinstance(item, dict):
+                item[cache] = questions
+    return list(questions)
 
 
 def question_problems(passage: Any, options: Sequence[Any], answer: Any, meta: Any = None) -> list[str]:
@@ -177,8 +195,6 @@ class RuleExaminer:
         return [self._answer_one(c, q) for c, q in zip(captions, questions)]
 
     def _answer_one(self, caption: str, question: Question) -> str:
-        from agentcap.rewards.evidence import EVIDENCE_PREAMBLE, QUESTION_LABEL
-
         caption = "\n".join(
             line for line in caption.splitlines() if not line.startswith((QUESTION_LABEL, EVIDENCE_PREAMBLE))
         )

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from agentcap.judges.examiner import load_causal_lm
 from agentcap.parallel.distributed import world
 from agentcap.parallel.sharding import is_sharded, shard_judge
 
@@ -57,8 +58,6 @@ def causal_lm(path: str, device: str):
     """(model, tokenizer) of a local judge folder, loaded once per process and device: the cloze
     examiner, its other readout and the temporal examiner share one copy when they name one folder.
     A frozen judge keeps its checkpoint's dtype (bf16 for the papers' 27B judges)."""
-    from agentcap.judges.examiner import load_causal_lm
-
     build = lambda where: load_causal_lm(path, device=where, dtype="auto")  # noqa: E731
     return load_once(judge_key("causal_lm", path, device=device), build, device, model_of=lambda loaded: loaded[0])
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from agentcap.judges.coherence import CoherenceScorer
 from agentcap.judges.examiner import LETTERS, Question, _check_pairs, distinct_pairs, letters_question
 from agentcap.judges.temporal import AnswerTemporalExaminer, temporal_question
 
@@ -221,8 +222,6 @@ class ServedCoherenceScorer:
 
     def __init__(self, client: ServedClient, tokenizer: str, max_length: int = 1024):
         from transformers import AutoTokenizer
-
-        from agentcap.judges.coherence import CoherenceScorer
 
         self.client = client
         self._local = CoherenceScorer.__new__(CoherenceScorer)  # its query building, our forward pass

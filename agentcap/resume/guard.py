@@ -15,6 +15,9 @@ from typing import Any
 
 import yaml
 
+from agentcap.agents.agent import AgentConfig
+from agentcap.training.module import GRPOModule
+
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(tree, dict):
@@ -45,9 +48,6 @@ def changed_keys(saved_path: str, current: dict[str, Any]) -> list[str]:
 
 def _added_at_default(key: str, value: Any) -> bool:
     """Whether ``key`` names a typed setting (a module argument or an agent field) now at its default."""
-    from agentcap.agents.agent import AgentConfig
-    from agentcap.training.module import GRPOModule
-
     parts = key.split(".")
     if len(parts) == 4 and parts[:2] == ["model", "agents"]:
         field = {f.name: f for f in dataclasses.fields(AgentConfig)}.get(parts[3])

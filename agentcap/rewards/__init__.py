@@ -1,10 +1,19 @@
-"""Rewards: per-sample functions (``agentcap.rewards.functional``) and their synced Metric classes."""
+"""Rewards: per-sample functions (``agentcap.rewards.functional``), their weighted composition
+(``base``), their synced means (``metric``: a torchmetrics ``Metric``), READ's reward (``read``) and ACE-Cap's evidence utilities (``evidence``)."""
 
-from agentcap.rewards.base import RewardMetric, weighted_sum
-from agentcap.rewards.cloze import CaptionLength, EventTemporalAlignment, EvidenceSufficiency, GoldToPrediction
-from agentcap.rewards.read import AnswerAccuracy, AnswerFormat, AnswerLength, Coherence, read_rewards
+import importlib
 
-__all__ = [
-    "AnswerAccuracy", "AnswerFormat", "AnswerLength", "CaptionLength", "Coherence", "EventTemporalAlignment",
-    "EvidenceSufficiency", "GoldToPrediction", "RewardMetric", "read_rewards", "weighted_sum",
-]
+# Re-exported on first use: a submodule importing a sibling runs this file, so it imports none of them.
+_LAZY = {
+    "RewardMetric": "agentcap.rewards.metric",
+    "read_rewards": "agentcap.rewards.read",
+    "weighted_sum": "agentcap.rewards.base",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

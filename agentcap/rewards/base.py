@@ -1,9 +1,8 @@
-"""What every reward shares: a process-synced running mean, and weighted composition.
+"""Weighted composition of named reward components, shared by every task's reward.
 
-Each reward is a pair, as torchmetrics does it: a function in ``agentcap.rewards.functional`` that
-returns the per-sample reward tensor (this feeds the advantages) and a ``Metric`` subclass of
-:class:`RewardMetric` that calls the function in ``update`` and keeps only a sum and a count, so
-``compute`` is the mean over every process after ``dist_reduce_fx="sum"``.
+The per-sample rewards themselves are functions in ``agentcap.rewards.functional``, each returning
+one float64 value per response; the environments call them on a finished batch and combine them
+here. Held-out means are taken over the evaluation rows (``agentcap.evaluation.rollouts``).
 """
 
 from __future__ import annotations
@@ -11,35 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from torchmetrics import Metric
-
-
-class RewardMetric(Metric):
-    """Running mean of a per-sample reward; subclasses turn their inputs into that tensor."""
-
-    higher_is_better = True
-    is_differentiable = False
-    full_state_update = False
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-
-    def per_sample(self, *args, **kwargs) -> torch.Tensor:
-        """The functional form of this reward; the default takes already-computed values."""
-        (values,) = args
-        return torch.as_tensor(values, dtype=torch.float64)
-
-    def update(self, *args, **kwargs) -> None:
-        values = self.per_sample(*args, **kwargs).detach().to(self.total.device, torch.float64).flatten()
-        self.total += values.sum()
-        self.count += values.numel()
-
-    def compute(self) -> torch.Tensor:
-        if self.count == 0:
-            return torch.tensor(float("nan"), dtype=torch.float64)
-        return self.total / self.count
 
 
 def weighted_sum(components: Mapping[str, torch.Tensor], weights: Mapping[str, float]) -> torch.Tensor:

@@ -1,8 +1,10 @@
 """ACE-Cap's evidence and the raw utilities the environment scores it with (Eq. 7-16, 22, 23).
 
 The environment owns these: it serialises the evidence state ser(E) for the caption-only judge,
-scores every state with the G2P reward and turns the scores into one raw utility per action. The
-algorithm (``agentcap.algorithms.loop``) only normalises utilities into advantages (Eq. 17-21).
+scores every state with the G2P reward and turns the scores into one raw utility per action
+(``agentcap_envs.evidence_game`` calls the functions below). The algorithm only normalises utilities
+into advantages (Eq. 17, ``agentcap.algorithms.loop``) and trains on them (Eq. 19-21,
+``agentcap.algorithms.grpo``).
 
 Order of use in a Composer phase:
 
@@ -43,7 +45,7 @@ __all__ = [
     "captioner_utility",
     "composer_utilities",
     "evidence_states",
-    "instruct_utilities",
+    "instruct_utility",
     "sequential_differences",
     "serialize_evidence",
 ]
@@ -186,14 +188,14 @@ def captioner_utility(r0: float) -> float:
     return float(r0)
 
 
-def instruct_utilities(r_before: float, r_after: Sequence[float]) -> list[float]:
-    """u^I_g = R_G(y^+_g) - R_G(y^-) (Eq. 23) for the G answers replayed on one (x, h_t, q_t).
+def instruct_utility(r_before: float, r_after: float) -> float:
+    """u^I_g = R_G(y^+_g) - R_G(y^-) (Eq. 23) for answer g replayed on one (x, h_t, q_t).
 
-    r_before scores the evidence before the answer, r_after[g] the same evidence with answer g.
-    r_before is shared by the group, so Eq. 17 cancels it; it keeps the raw utility meaningful
-    (gain in R_G) for logging.
+    r_before scores the evidence before the answer, r_after the same evidence with answer g.
+    r_before is shared by the G answers of a replayed prompt, so Eq. 17 cancels it; it keeps the
+    raw utility meaningful (gain in R_G) for logging.
     """
-    return [float(r) - float(r_before) for r in r_after]
+    return float(r_after) - float(r_before)
 
 
 def sequential_differences(prefix_scores: Sequence[float]) -> list[float]:

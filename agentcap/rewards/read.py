@@ -1,4 +1,4 @@
-"""READ's reward (Eq. 6) and one synced-mean ``Metric`` per component, for logging and validation.
+"""READ's reward (Eq. 6): its components, combined.
 
 :func:`read_rewards` is what the READ environment calls on a finished batch: it computes every
 component with the functions of :mod:`agentcap.rewards.functional.read`, scores coherence with a
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from agentcap.rewards.base import RewardMetric, weighted_sum
+from agentcap.rewards.base import weighted_sum
 from agentcap.rewards.functional.read import (
     accuracy_reward,
     coherence_reward,
@@ -35,49 +35,6 @@ if TYPE_CHECKING:
 READ_WEIGHTS: Mapping[str, float] = MappingProxyType(
     {"accuracy": 1.0, "format": 0.08, "length": 0.05, "coherence": 0.05}
 )
-
-
-class AnswerAccuracy(RewardMetric):
-    """Mean R_acc (Eq. 3): mean ROUGE-1/2/L F1 of the ``<answer>`` text against the gold AD."""
-
-    def per_sample(self, responses: Sequence[str], references: Sequence[str]) -> torch.Tensor:
-        return accuracy_reward(responses, references)
-
-
-class AnswerFormat(RewardMetric):
-    """Mean R_fmt: share of responses shaped ``<think>…</think><answer>…</answer>``."""
-
-    def per_sample(self, responses: Sequence[str]) -> torch.Tensor:
-        return format_reward(responses)
-
-
-class AnswerLength(RewardMetric):
-    """Mean R_len: share of answers within ``tolerance`` (Λ) words of the gold AD's length."""
-
-    def __init__(self, tolerance: int = 4, **kwargs) -> None:
-        super().__init__(**kwargs)
-        if tolerance < 0:
-            raise ValueError(f"tolerance (Λ) must be >= 0, got {tolerance}")
-        self.tolerance = tolerance
-
-    def per_sample(self, responses: Sequence[str], references: Sequence[str]) -> torch.Tensor:
-        return length_reward(responses, references, tolerance=self.tolerance)
-
-
-class Coherence(RewardMetric):
-    """Mean R_coh (Eq. 5), from coherence rewards already computed by :func:`read_rewards`.
-
-    Ranking needs the whole rollout group and a model call, so it is done once in the batch reward
-    and this metric only averages the result.
-    """
-
-    def per_sample(self, rewards: torch.Tensor) -> torch.Tensor:
-        rewards = torch.as_tensor(rewards, dtype=torch.float64)
-        if rewards.dim() != 1:
-            raise ValueError(f"coherence rewards must be a 1-D tensor [N], got shape {tuple(rewards.shape)}")
-        if not torch.isfinite(rewards).all():
-            raise ValueError("coherence rewards must be finite (Eq. 5 gives 0 to an unscored response)")
-        return rewards
 
 
 def read_rewards(

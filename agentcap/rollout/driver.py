@@ -2,7 +2,8 @@
 
 At every turn the pending observations are grouped by the agent that must act and each agent
 makes one batched generation call for all of them; finished trajectories drop out. Every generated
-action becomes a :class:`Span` carrying its agent, kind, token ids and old log-probs; environment
+action (a :class:`~agentcap.agents.generation.Generation`) becomes a :class:`Span`, the same record
+with its agent, kind and place in the rollout added; environment
 text (answers of a frozen role, prompts) stays in the observations and is never trained on.
 Episodes are scored once per batch with the environment's batched ``score``.
 """
@@ -14,9 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from agentcap.agents.agent import Agent
+from agentcap.agents.generation import Generation
 from agentcap.agents.sampling import trajectory_seed
 from agentcap.judges.pool import sharded as judges_sharded
 from agentcap.parallel.lockstep import Lockstep
@@ -24,9 +24,11 @@ from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
 
 
-@dataclass
-class Span:
-    """One generated action, with what the update needs to re-score it."""
+@dataclass(kw_only=True)
+class Span(Generation):
+    """One generated action (its text, token ids and log-probs: :class:`Generation`) as a training
+    row: who took it, of which kind, where in the rollout, on which observation (the update re-scores
+    it there), and the utility the environment gave it and the advantage the update trains it with."""
 
     agent: str
     kind: str
@@ -34,10 +36,6 @@ class Span:
     group: int
     action_index: int
     observation: dict[str, Any]
-    text: str
-    completion_ids: torch.Tensor  # [T]
-    old_logprobs: torch.Tensor | None  # [T]; None until the update needs them (agentcap.training.old_policy)
-    sampler_logprobs: torch.Tensor | None = None  # [T], the sampler's (vLLM) own; off-policy correction
     utility: float | None = None
     advantage: float = 0.0
 
@@ -160,16 +158,13 @@ class RolloutDriver:
                     obs, _, terminated, truncated, info = envs[t].step(gen.text)
                     spans.append(
                         Span(
+                            **vars(gen),  # the Generation's fields
                             agent=name,
                             kind=info["action_kind"],
                             trajectory=t,
                             group=t // group_size,
                             action_index=action_index,
                             observation=observations[t],
-                            text=gen.text,
-                            completion_ids=gen.completion_ids,
-                            old_logprobs=gen.old_logprobs,
-                            sampler_logprobs=getattr(gen, "sampler_logprobs", None),  # agents of your own may not report it
                         )
                     )
                     turns[t] += 1

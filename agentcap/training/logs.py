@@ -8,27 +8,25 @@ calls) would be logged again at every later step. Metric names are listed in ``d
 from __future__ import annotations
 
 import math
+import resource
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
-from agentcap.parallel.distributed import global_sums, world
+from agentcap.parallel.distributed import gather_objects, world
+from agentcap.rewards.metric import RewardMetric
 from agentcap.rollout.driver import RolloutBatch, Span
 
 
-def emit(loggers: Iterable[Any], metrics: dict[str, float], step: int, mean_over_ranks: Sequence[str] = ()) -> None:
-    """Send ``metrics`` to every logger at ``step`` (rank 0); keys in ``mean_over_ranks`` are
-    averaged over processes first (every rank must pass the same keys)."""
-    metrics = dict(metrics)
-    rank, size = world()
-    if size > 1 and mean_over_ranks:
-        keys = sorted(mean_over_ranks)
-        metrics.update((k, total / size) for k, total in zip(keys, global_sums([metrics[k] for k in keys])))
-    if rank == 0:
+def emit(loggers: Iterable[Any], metrics: dict[str, float], step: int) -> None:
+    """Send ``metrics`` (already global: every rank holds the same values) to every logger at ``step``, from rank 0."""
+    if world()[0] == 0:
         for logger in loggers:
-            logger.log_metrics(metrics, step=step)
+            logger.log_metrics(dict(metrics), step=step)
 
 
 def log_captions(loggers: Iterable[Any], stage: str, rows: Sequence[dict[str, Any]], step: int) -> None:
@@ -48,33 +46,46 @@ def _cell(value: Any) -> Any:
     return " | ".join(value) if isinstance(value, list) else value
 
 
-def rollout_metrics(batch: RolloutBatch, spans: Sequence[Span], stats: dict[str, float], agent: str) -> dict[str, float]:
-    """Rewards and their components, episode extras, the update's statistics, response lengths,
-    turns, generate calls and the raw utilities per action kind of one GRPO step."""
-    components: dict[str, list[float]] = defaultdict(list)
+def rollout_metrics(batch: RolloutBatch, spans: Sequence[Span], agent: str, group_size: int) -> dict[str, float]:
+    """Rewards and their components, episode extras, response lengths, turns, generate calls and the
+    raw utilities per action kind of one GRPO step, over every process's trajectories.
+
+    Each rank's trajectories and trained spans are gathered and ordered by their global position, so
+    every figure is computed from the same numbers in the same order as one process would (N
+    processes log what one logs). A group is ``global trajectory id // group_size``.
+    """
+    ids = batch.trajectory_ids or list(range(len(batch.scores)))
+    trajectories = [
+        (ids[t], score.reward, dict(score.components),
+         {k: float(v) for k, v in score.extras.items() if isinstance(v, (int, float))}, batch.turns[t])
+        for t, score in enumerate(batch.scores)
+    ]
+    trained = [(ids[s.trajectory], s.action_index, s.kind, float(s.utility), s.completion_ids.numel()) for s in spans]
+    parts = gather_objects((trajectories, trained, dict(batch.generate_calls)))
+    trajectories = sorted(t for part in parts for t in part[0])
+    trained = sorted(s for part in parts for s in part[1])
+
+    # the reward and each component: the synced means of the rewards' Metric (torchmetrics)
+    rewards = RewardMetric(sorted({k for _, _, components, _, _ in trajectories for k in components}))
+    rewards.update(batch.scores)
+    metrics = {f"reward/{k}": v for k, v in rewards.compute().items() if trajectories}
     extras: dict[str, list[float]] = defaultdict(list)
-    for score in batch.scores:
-        components["total"].append(score.reward)
-        for k, v in score.components.items():
-            components[k].append(v)
-        for k, v in score.extras.items():
-            if isinstance(v, (int, float)):
-                extras[k].append(float(v))
-    metrics = {f"reward/{k}": float(np.mean(values)) for k, values in components.items()}
+    for *_, episode_extras, _ in trajectories:
+        for k, v in episode_extras.items():
+            extras[k].append(v)
     for k, values in extras.items():  # e.g. questions per episode, forced-finalisation rate
         metrics[f"episode/{k}"] = float(np.nanmean(values))
-    for k, v in stats.items():
-        metrics[f"loss/{agent}/{k}"] = float(v)
-    if spans:
-        metrics[f"rollout/{agent}/response_length"] = float(np.mean([s.completion_ids.numel() for s in spans]))
-    metrics["rollout/turns"] = float(np.mean(batch.turns))
-    for name, calls in batch.generate_calls.items():
-        metrics[f"rollout/{name}/generate_calls"] = float(calls)
+    if trained:
+        metrics[f"rollout/{agent}/response_length"] = float(np.mean([length for *_, length in trained]))
+    if trajectories:
+        metrics["rollout/turns"] = float(np.mean([turns for *_, turns in trajectories]))
+    for name in sorted({name for part in parts for name in part[2]}):  # per process: the most of any rank
+        metrics[f"rollout/{name}/generate_calls"] = float(max(part[2].get(name, 0) for part in parts))
     by_kind: dict[str, list[float]] = defaultdict(list)
     by_group: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for s in spans:
-        by_kind[s.kind].append(float(s.utility))
-        by_group[(s.kind, s.group)].append(float(s.utility))
+    for trajectory, _, kind, utility, _ in trained:
+        by_kind[kind].append(utility)
+        by_group[(kind, trajectory // group_size)].append(utility)
     for kind, values in by_kind.items():
         metrics[f"utility/{kind}/mean"] = float(np.mean(values))
         metrics[f"utility/{kind}/std"] = float(np.std(values))
@@ -86,6 +97,24 @@ def rollout_metrics(batch: RolloutBatch, spans: Sequence[Span], stats: dict[str,
     return metrics
 
 
+#: Update statistics that are each rank's share of a globally weighted mean (the loss weights are
+#: normalised by the global token or sequence count), so their sum over ranks is the global value.
+SHARED_STATS = ("loss", "pg_loss", "kl", "clipfrac", "ratio", "entropy", "sampler_gap_mean")
+
+
+def update_metrics(stats: dict[str, float], agent: str) -> dict[str, float]:
+    """``loss/<agent>/*`` of one update over every process: the shares of :data:`SHARED_STATS` summed,
+    the largest sampler gap the most of any rank, ``grad_norm`` as it is (global already: taken after
+    the gradients were summed). A rank without rows in any minibatch reports no terms."""
+    every = gather_objects(dict(stats))
+    metrics: dict[str, float] = {}
+    for key in sorted({k for part in every for k in part}):
+        values = [part[key] for part in every if key in part]
+        value = max(values) if key in ("sampler_gap_max", "grad_norm") else sum(values)
+        metrics[f"loss/{agent}/{key}"] = float(value)
+    return metrics
+
+
 class StepClock:
     """Wall time of a step's rollout and update, generated tokens per second and peak memory.
 
@@ -94,10 +123,6 @@ class StepClock:
     """
 
     def __init__(self, device: Any):
-        import time
-
-        import torch
-
         self.device, self._now, self.marks = torch.device(device), time.perf_counter, {}
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -108,17 +133,17 @@ class StepClock:
         self.marks[name], self._last = now - self._last, now
 
     def metrics(self, generated_tokens: int) -> dict[str, float]:
-        import torch
-
-        out = {f"time/{k}_s": v for k, v in self.marks.items()}
-        if self.marks.get("rollout"):
-            out["throughput/generated_tokens_per_s"] = generated_tokens / self.marks["rollout"]
+        """Over every process: the slowest rank's times, the largest peak memory, and all generated
+        tokens over the slowest rollout."""
         if self.device.type == "cuda":
-            out["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            memory = {"memory/peak_gib": torch.cuda.max_memory_allocated(self.device) / 2**30}
         else:
-            import resource
-
-            out["memory/peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+            memory = {"memory/peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # KiB on Linux
+        every = gather_objects((self.marks, generated_tokens, memory))
+        out = {f"time/{k}_s": max(part[0][k] for part in every) for k in self.marks}
+        if out.get("time/rollout_s"):
+            out["throughput/generated_tokens_per_s"] = sum(part[1] for part in every) / out["time/rollout_s"]
+        out.update({k: max(part[2][k] for part in every) for k in memory})
         return out
 
 

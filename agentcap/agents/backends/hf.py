@@ -7,7 +7,10 @@ from typing import Any
 
 import torch
 
-from agentcap.agents.backends import Sampled
+from agentcap.agents.generation import Generation
+from agentcap.agents.sampling import RowSampler
+from agentcap.agents.tokens import trim_after_eos
+from agentcap.parallel.sharding import synced_generation
 
 
 class HFBackend:
@@ -24,15 +27,11 @@ class HFBackend:
         inputs: dict[str, Any],
         greedy: bool,
         seeds: Sequence[int] | None = None,
-    ) -> list[Sampled]:
+    ) -> list[Generation]:
         """With ``seeds`` (one per row) each row samples from its own generator
         (:class:`~agentcap.agents.sampling.RowSampler`), so its tokens do not depend on its batch or
         rank; without, from the global RNG. Repeated prompts (an item's G rollouts) are prefilled
         once when the agent's ``share_prompts`` is on (:mod:`agentcap.agents.prefix`)."""
-        from agentcap.agents.agent import trim_after_eos
-        from agentcap.agents.sampling import RowSampler
-        from agentcap.parallel.sharding import synced_generation
-
         agent = self.agent
         kwargs: dict[str, Any] = dict(
             max_new_tokens=agent.max_new_tokens,
@@ -52,7 +51,7 @@ class HFBackend:
                 kwargs["past_key_values"] = cache
         new = agent.family.generate(inputs, **kwargs)  # [N, T]
         completion, mask = trim_after_eos(new, agent.eos_ids, agent.tokenizer.pad_token_id)
-        return [Sampled(completion[i, : int(mask[i].sum())].cpu(), None) for i in range(completion.shape[0])]
+        return [Generation(completion[i, : int(mask[i].sum())].cpu()) for i in range(completion.shape[0])]
 
     def sync(self) -> None:
         """The sampler is the learner's own model."""

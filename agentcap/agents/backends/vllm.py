@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from agentcap.agents.backends import Sampled, VLLMOptions
+from agentcap.agents.backends.base import VLLMOptions
+from agentcap.agents.generation import Generation
 from agentcap.agents.backends.weights import layers
 
 
@@ -165,7 +166,7 @@ class VLLMBackend:
         inputs: dict[str, Any],
         greedy: bool,
         seeds: Sequence[int] | None = None,
-    ) -> list[Sampled]:
+    ) -> list[Generation]:
         from vllm import SamplingParams
 
         if self.stale:
@@ -196,7 +197,8 @@ class VLLMBackend:
             completion = out.outputs[0]
             ids = list(completion.token_ids)
             logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
-            results.append(Sampled(torch.tensor(ids, dtype=torch.long), torch.tensor(logprobs, dtype=torch.float32)))
+            results.append(Generation(torch.tensor(ids, dtype=torch.long),
+                                      sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32)))
         self._sleep()
         return results
 

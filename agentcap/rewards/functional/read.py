@@ -1,8 +1,8 @@
 """READ's per-sample rewards (READ §3.2–3.3): accuracy, format, length, anti-copy mask, coherence.
 
 These are the functional forms: each takes a batch and returns one float64 value per response, which
-is what the group-relative advantages need. The ``Metric`` classes in :mod:`agentcap.rewards.read`
-delegate to them for the synced means that get logged.
+is what the group-relative advantages need; :func:`agentcap.rewards.read.read_rewards` combines
+them into READ's reward (Eq. 6).
 
 Choices the paper leaves open, made here:
 

@@ -1,0 +1,51 @@
+"""What a generation backend is (:class:`Backend`), what it returns (one
+:class:`~agentcap.agents.generation.Generation` per observation, token ids and the sampler's
+log-probs filled in) and the vLLM engine's options (:class:`VLLMOptions`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agentcap.agents.generation import Generation
+
+
+@dataclass
+class VLLMOptions:
+    """The vLLM engine of an agent whose ``backend`` is ``vllm`` (one engine per process).
+
+    Args:
+        gpu_memory_utilization: vLLM: fraction of the accelerator's memory the engine may take.
+        tensor_parallel_size: vLLM: GPUs one engine spans.
+        max_model_len: vLLM: longest prompt + completion (None: the model's limit).
+        enable_sleep_mode: vLLM on GPU: free the engine's weights and KV cache between rollouts,
+            so the update has the memory (``LLM.sleep`` / ``wake_up``).
+        dtype: vLLM engine dtype (``auto``: the learner's, so sampler and learner log-probs agree).
+        enforce_eager: vLLM: no CUDA graphs (slower decode, faster start).
+        seed: vLLM sampling seed.
+    """
+
+    gpu_memory_utilization: float = 0.3
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    enable_sleep_mode: bool = False
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    seed: int = 0
+
+
+class Backend(Protocol):
+    def sample(
+        self, observations: Sequence[dict[str, Any]], inputs: dict[str, Any], greedy: bool, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
+        """Completions for ``observations`` (``inputs``: the family's encoding of them): token ids and
+        the sampler's log-probs (``None`` when the sampler is the learner itself); ``seeds``, one per
+        row, make each row's sample independent of its batch and rank."""
+
+    #: The learner's weights changed since the sampler last took them (an optimiser step, a loaded
+    #: checkpoint); a sampler with weights of its own syncs before it next samples.
+    stale: bool
+
+    def sync(self) -> None:
+        """Bring the sampler's weights up to the learner's."""

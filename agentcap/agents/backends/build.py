@@ -1,0 +1,18 @@
+"""Building an agent's backend by name (``hf`` or ``vllm``)."""
+
+from __future__ import annotations
+
+from agentcap.agents.backends.base import Backend, VLLMOptions
+from agentcap.agents.backends.hf import HFBackend
+from agentcap.agents.backends.vllm import VLLMBackend  # vllm itself loads when an engine is built
+
+
+def build_backend(
+    agent, backend: str = "hf", options: VLLMOptions | None = None, model_path: str | None = None, where: str = "agent"
+) -> Backend:
+    """``where`` names the config entry in errors (``agents.policy``)."""
+    if backend == "hf":
+        return HFBackend(agent)
+    if backend == "vllm":
+        return VLLMBackend(agent, options or VLLMOptions(), model_path, where)
+    raise ValueError(f"{where}.backend: {backend!r} is not one of hf, vllm")
