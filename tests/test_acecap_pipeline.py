@@ -13,6 +13,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.slow  # every test runs `agentcap fit` in a subprocess
+
 
 #: Algorithm 1: SFT of every role, S1, Captioner GRPO, S2, Instruct GRPO, S3, Composer warm-up, S4, one cycle, S5.
 ALGORITHM_1 = [

@@ -54,6 +54,7 @@ def test_group_size_must_divide_the_batch(tmp_path, toy_movie, make_read_config)
         main(["fit", "--config", str(config), "--model.group_size", "3"])
 
 
+@pytest.mark.slow  # `agentcap fit` in a subprocess
 def test_paper_recipe_fails_fast_naming_the_demo():
     result = run_cli("fit", "--config", "configs/read.yaml")
     assert result.returncode == 2
@@ -61,12 +62,22 @@ def test_paper_recipe_fails_fast_naming_the_demo():
     assert "configs/demo/read.yaml" in result.stderr
 
 
+@pytest.mark.slow  # a subprocess importing every environment (test_envs_command_lists_the_builtins runs in process)
 def test_envs_lists_the_builtins():
     result = run_cli("envs")
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     for env_id in ("agentcap/ADClip-v0", "agentcap/ClozeCaption-v0", "agentcap/EvidenceGame-v0"):
         assert sum(line.startswith(env_id) for line in lines) == 1, result.stdout
+
+
+def test_envs_command_lists_the_builtins(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["envs"])
+    assert exit_info.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    for env_id in ("agentcap/ADClip-v0", "agentcap/ClozeCaption-v0", "agentcap/EvidenceGame-v0"):
+        assert sum(line.startswith(env_id) for line in lines) == 1, lines
 
 
 def test_help_lists_every_subcommand_and_each_help_works(capsys):
@@ -83,6 +94,7 @@ def test_help_lists_every_subcommand_and_each_help_works(capsys):
                 assert f"    {name} " in out, name
 
 
+@pytest.mark.slow  # a Trainer fit
 def test_main_with_argv_does_not_warn_about_the_command_line(tmp_path, toy_movie, make_read_config, capsys, monkeypatch):
     """`main(argv)` passes argv as LightningCLI's args; the test runner's own sys.argv must not leak in."""
     import warnings

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,6 +27,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return state["state_dict"]
 
 
+@pytest.mark.slow  # `agentcap fit` in subprocesses, 2 DDP ranks
 def test_two_processes_equal_one(tmp_path, toy_movie, make_read_config):
     """Same global batch of demonstrations per step, split over 2 ranks: same weights and same synced
     held-out metrics as one process, up to float tolerance."""
@@ -50,6 +52,7 @@ def test_two_processes_equal_one(tmp_path, toy_movie, make_read_config):
         assert abs(s1[key] - s2[key]) < 1e-5, (key, s1[key], s2[key])
 
 
+@pytest.mark.slow  # `agentcap fit` in subprocesses, 2 DDP ranks
 def test_grpo_trains_under_ddp(tmp_path, toy_movie, make_read_config):
     stages = [
         {"name": "sft", "kind": "sft", "agent": "policy", "steps": 2},
@@ -164,6 +167,7 @@ def logged_differences(one: Path, two: Path) -> dict[str, float]:
     return worst
 
 
+@pytest.mark.slow  # `agentcap fit` in subprocesses, 2 DDP ranks
 def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes, make_game_config):
     """1 process, 2 under grpo_ddp and 2 sharded (grpo_fsdp, also in micro-batches of one row), each
     with a KL reference (full fine-tune, beta > 0):
@@ -197,6 +201,7 @@ def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes,
 
 
 # --- held-out evaluation: one process equals two ------------------------------------------------
+@pytest.mark.slow  # `agentcap fit` in subprocesses, 2 DDP ranks
 def test_held_out_evaluation_in_two_processes_equals_one(tmp_path, toy_soundscapes, make_game_config):
     """3 held-out ACE-Cap games over 2 ranks (2 + 1: nothing padded, nothing counted twice), one per
     generate call (so rank 1 makes an empty call), sampled (each game from its own seed): the

@@ -70,6 +70,7 @@ def reference_scores(meteor) -> dict[str, float]:
     }
 
 
+@pytest.mark.slow  # pycocoevalcap's Java METEOR and PTB tokenizer, ~30 s
 @needs_java
 def test_coco_metrics_equal_pycocoevalcap(metrics):
     ours = metrics(PREDICTIONS, REFERENCES)
@@ -95,6 +96,7 @@ def test_jar_tokenisation_equals_ptbtokenizer_and_python_approximates_it():
     assert len(differ) <= 1, differ
 
 
+@pytest.mark.slow  # starts the METEOR JVM (~12 s)
 @needs_java
 def test_python_tokeniser_moves_the_metrics_little(metrics, monkeypatch):
     jar = metrics(PREDICTIONS, REFERENCES)
@@ -232,13 +234,14 @@ def test_question_accuracy_and_g2p_with_the_examiner(sound_rows):
     assert out["mcq_accuracy"] > 0  # the gold captions answer their own questions
 
 
-def test_tiou_and_cloze_metrics_of_the_audiomap_env(toy_soundscapes, metrics):
+def test_tiou_and_cloze_metrics_of_the_audiomap_env(toy_soundscapes):
     import gymnasium as gym
 
     env = gym.make("agentcap/ClozeCaption-v0", manifest=str(toy_soundscapes / "test.jsonl")).unwrapped
     items = env.items[:3]
     rows = [{"caption": items[0]["caption"]}, {"caption": "a sound ."}, {"caption": items[2]["caption"]}]
-    out = task_metrics(env, items, rows, metrics)
+    with CaptionMetrics(meteor=False) as metrics:  # the task's own metrics; no METEOR JVM (~10 s) for them
+        out = task_metrics(env, items, rows, metrics)
     from agentcap.rewards.functional.cloze import event_temporal_reward
 
     expected = event_temporal_reward([r["caption"] for r in rows], [i["anchors"] for i in items], env.temporal)
@@ -246,6 +249,7 @@ def test_tiou_and_cloze_metrics_of_the_audiomap_env(toy_soundscapes, metrics):
     assert 0 < out["cloze_accuracy"] <= 1 and "esr" in out and "recall@5/16" not in out
 
 
+@pytest.mark.slow  # two `agentcap evaluate` subprocesses
 def test_evaluate_command_on_a_predictions_file(tmp_path, toy_movie):
     rows = [json.loads(line) for line in (toy_movie / "test.jsonl").read_text().splitlines()][:8]
     predictions = tmp_path / "predictions.jsonl"

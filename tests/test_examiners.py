@@ -493,6 +493,7 @@ def smollm2():
     return LLMExaminer.from_pretrained(folder, gguf_file=SMOLLM2_FILE, cache_dir=cache, batch_size=32)
 
 
+@pytest.mark.slow  # loads SmolLM2-135M from its GGUF
 def test_real_instruct_model_answers_follow_the_caption(smollm2):
     questions = [q(passage, options, answer) for _, passage, options, answer in FACTS]
     stating = [caption for caption, *_ in FACTS]

@@ -54,6 +54,7 @@ def lora_run(tmp_path_factory, toy_movie):
     return config, run_dir
 
 
+@pytest.mark.slow  # `agentcap fit` in a subprocess (lora_run)
 def test_lora_checkpoint_holds_adapters_only_and_resumes(lora_run):
     from agentcap.resume.loading import load_module
 
@@ -69,6 +70,7 @@ def test_lora_checkpoint_holds_adapters_only_and_resumes(lora_run):
     assert len(state) == len(own) and all(state[p]["exp_avg"].shape == p.shape for p in own)
 
 
+@pytest.mark.slow  # `agentcap fit` in a subprocess (lora_run)
 @pytest.mark.parametrize("merge", [True, False])
 def test_export_loads_and_generates_with_plain_transformers(lora_run, tmp_path, merge):
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow  # `agentcap caption` in a subprocess, ~9 s
 
 
 def test_recurrent_captioning_uses_own_previous_ads(tmp_path, toy_movie, make_read_config):

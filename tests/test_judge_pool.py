@@ -113,6 +113,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two gloo processes
 def test_sharded_judges_answer_like_a_replicated_one_with_unequal_calls(tmp_path, clean_pool):
     run_in_two_processes(_worker, str(tmp_path))
     for rank in (0, 1):
@@ -127,6 +128,7 @@ def test_sharded_judges_answer_like_a_replicated_one_with_unequal_calls(tmp_path
     assert sum(len(call) for call in sharded["letters"]) == 3 + 0 + 4  # rank 1's own rows only
 
 
+@pytest.mark.slow  # `agentcap fit` in subprocesses, one of 2 ranks
 def test_a_sharded_examiner_scores_a_run_like_one_process(tmp_path, toy_soundscapes, make_game_config, clean_pool):
     """ACE-Cap with a (tiny) LLM examiner: one Composer GRPO step and 3 sampled held-out games over
     2 sharded ranks (2 + 1 games: unequal examiner passes) give one process's summary.json."""

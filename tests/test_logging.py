@@ -41,6 +41,7 @@ def run(tmp_path_factory, toy_movie):
     return cli, run_dir, out.getvalue()
 
 
+@pytest.mark.slow  # a Trainer fit (the run fixture)
 def test_fit_ends_with_the_table_of_summary_json(run):
     cli, run_dir, stdout = run
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -53,6 +54,7 @@ def test_fit_ends_with_the_table_of_summary_json(run):
         assert table[metric] == [f"{summary[s][metric]:.4f}" for s in ("before", "after")], metric
 
 
+@pytest.mark.slow  # a Trainer fit (the run fixture)
 def test_eval_metrics_reach_callback_metrics_and_a_monitor(run):
     cli, run_dir, _ = run
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -65,6 +67,7 @@ def test_eval_metrics_reach_callback_metrics_and_a_monitor(run):
     assert list((run_dir / "best").glob("*.ckpt"))
 
 
+@pytest.mark.slow  # a Trainer fit (the run fixture)
 def test_config_samples_captions_and_timing_are_logged(run):
     cli, run_dir, _ = run
     hparams = yaml.safe_load(next(run_dir.rglob("hparams.yaml")).read_text())
@@ -79,6 +82,7 @@ def test_config_samples_captions_and_timing_are_logged(run):
         assert name in header, name
 
 
+@pytest.mark.slow  # a Trainer fit (the run fixture) and a test run
 def test_test_subcommand_prints_the_table_and_logs_a_named_child_run(run, capsys):
     cli, run_dir, _ = run
     config = run_dir / "config.yaml"
@@ -193,6 +197,7 @@ def _two_rank_metrics(rank, port, out):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two gloo processes
 def test_logged_metrics_of_two_processes_equal_one(tmp_path):
     """Rewards (a torchmetrics Metric), utilities per group, lengths, turns and the update's loss
     terms: two ranks holding 4 and 2 trajectories log what one process with all 6 logs."""

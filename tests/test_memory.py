@@ -173,6 +173,7 @@ def test_bf16_parameters_on_a_trained_agent_are_refused(tmp_path, toy_movie, mak
     assert torch.bfloat16 in {p.dtype for p in agent.adapters.base_parameters()}
 
 
+@pytest.mark.slow  # a Trainer fit
 def test_bf16_mixed_autocasts_rollout_and_update_and_keeps_fp32_weights(tmp_path, toy_movie, make_read_config):
     module = module_for(tmp_path, toy_movie, make_read_config, beta=0.1, micro_batch_size=4)
     del module.manual_backward  # the Trainer's own backward this time
@@ -229,6 +230,7 @@ def _mixed_precision_worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two gloo processes
 def test_bf16_mixed_under_sharding_gathers_in_bf16_and_keeps_fp32_masters(tmp_path):
     """Sharded with ``mixed_precision("bf16-mixed")``: blocks compute with bf16 weights, while the
     sharded parameters and their (summed) gradients stay fp32 and match fp32 gradients to bf16 rounding."""

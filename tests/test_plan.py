@@ -94,6 +94,7 @@ def test_lora_trains_only_adapters(tmp_path):
     assert row["parameters"] == 4 * size.params + 4 * adapters
 
 
+@pytest.mark.slow  # `agentcap plan` in subprocesses
 def test_the_command_names_the_largest_term_when_it_does_not_fit(tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(recipe(tmp_path)))

@@ -34,6 +34,7 @@ def fit(config: Path, *extra: str) -> None:
     main(["fit", "--config", str(config), "--checkpoint_every", "1", "--checkpoint_keep", "2", *extra])
 
 
+@pytest.mark.slow  # Trainer fits
 def test_checkpoints_keep_the_newest_n_and_last_points_at_the_newest(run):
     config, run_dir = run
     fit(config)
@@ -45,6 +46,7 @@ def test_checkpoints_keep_the_newest_n_and_last_points_at_the_newest(run):
     assert (run_dir / "config.yaml").is_file()  # the run remembers the config it was started with
 
 
+@pytest.mark.slow  # Trainer fits
 def test_changed_config_is_refused_naming_the_keys(run, capsys):
     config, run_dir = run
     fit(config)
@@ -66,6 +68,7 @@ def test_changed_config_is_refused_naming_the_keys(run, capsys):
         fit(config, "--resume", "anyhow")
 
 
+@pytest.mark.slow  # Trainer fits
 def test_a_corrupt_newest_checkpoint_is_reported_and_the_previous_one_used(run, capsys):
     config, run_dir = run
     fit(config)
@@ -103,6 +106,7 @@ def test_evaluation_refuses_a_run_without_checkpoint(run, command):
     assert not (run_dir / "predictions.jsonl").exists()
 
 
+@pytest.mark.slow  # a Trainer fit and a test run
 def test_test_on_a_new_manifest_reuses_the_run_vocabulary(run, toy_movie, tmp_path, capsys):
     config, run_dir = run
     fit(config)
@@ -121,6 +125,7 @@ def test_test_on_a_new_manifest_reuses_the_run_vocabulary(run, toy_movie, tmp_pa
     assert json.loads((run_dir / "tokenizers" / "policy.json").read_text()) == saved
 
 
+@pytest.mark.slow  # `agentcap fit` in a subprocess
 def test_logger_files_land_in_the_run_dir(run, tmp_path):
     config, run_dir = run
     shared = tmp_path / "shared"
@@ -159,3 +164,32 @@ def test_a_setting_added_by_a_newer_agentcap_is_no_change_at_its_default(tmp_pat
     now["model"]["env"]["kwargs"]["extra"] = 1
     assert changed_keys(str(path), now) == [
         "--model.agents.policy.share_prompts: None → False", "--model.env.kwargs.extra: None → 1"]
+
+
+@pytest.mark.slow  # Trainer fits
+def test_resuming_inside_a_grpo_stage_with_a_kl_reference_equals_an_uninterrupted_run(tmp_path, toy_movie,
+                                                                                      make_read_config):
+    """The stage's frozen reference comes back from the checkpoint's own entry: a checkpoint taken
+    mid-stage loads (it once also held the reference as module weights, which refused to load), and
+    the run ends with the uninterrupted run's weights and summary."""
+    stages = [{"name": "sft", "kind": "sft", "agent": "policy", "steps": 1},
+              {"name": "grpo", "kind": "grpo", "agent": "policy", "steps": 3},
+              {"name": "after", "kind": "evaluate", "split": "test"}]
+    runs = {}
+    for name in ("whole", "killed"):
+        config = make_read_config(tmp_path / name, toy_movie, stages, sft_batch_size=2, beta=0.05)
+        shutil.move(config, tmp_path / f"{name}.yaml")
+        main(["fit", "--config", str(tmp_path / f"{name}.yaml"), "--checkpoint_every", "1", "--checkpoint_keep", "9"])
+        runs[name] = tmp_path / name
+    folder = runs["killed"] / "checkpoints"
+    for path in [folder / "last.ckpt", *(folder / f"tick-{t:06d}.ckpt" for t in (3, 4, 5))]:
+        path.unlink()  # as a kill after the first GRPO step leaves it
+    (runs["killed"] / "summary.json").unlink()
+    assert torch.load(folder / "tick-000002.ckpt", weights_only=True)["agentcap"]["reference"] is not None
+    main(["fit", "--config", str(tmp_path / "killed.yaml"), "--checkpoint_every", "1", "--checkpoint_keep", "9"])
+    a, b = (torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for run in runs.values())
+    assert a.keys() == b.keys() and not any(k.startswith("_reference.") for k in a)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+    s1, s2 = (json.loads((run / "summary.json").read_text()) for run in runs.values())
+    assert s1 == s2

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from agentcap.parallel.sharding import block_classes
@@ -45,6 +46,7 @@ def test_the_toy_lm_shards_per_decoder_layer():
     assert block_classes(ToyMediaLM(ToyConfig(vocab_size=10))) == {"LlamaDecoderLayer"}
 
 
+@pytest.mark.slow  # `agentcap fit` / torchrun: 2-process runs
 def test_killed_sharded_run_resumes_exactly_and_two_nodes_run(tmp_path, toy_movie, make_read_config):
     fit = [sys.executable, "-m", "agentcap.cli", "fit"]
     # 1) two nodes of one process each, on loopback: the uninterrupted reference

@@ -15,6 +15,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
+pytestmark = pytest.mark.slow  # every test runs `agentcap fit` in a subprocess
+
 STAGES = [
     {"name": "sft", "kind": "sft", "agent": "policy", "steps": 6},
     {"name": "before_grpo", "kind": "evaluate", "split": "test"},

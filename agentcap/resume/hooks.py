@@ -30,11 +30,15 @@ class ResumeHooks:
             "reference": None if getattr(self._reference, "model", None) is None else model_state(self._reference.model),
             "replay": self.replay.state(active),
         }
+        # the reference is a submodule while its stage runs, but it is the "reference" entry above
+        # (restored when its stage begins again), not module weights to load at start-up
+        _drop_reference(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("agentcap")
         if state is None:
             return
+        _drop_reference(checkpoint)  # checkpoints written before agentcap 0.1.1 also hold it as weights
         self.schedule.check_resumable(state.get("stages"), self.run_dir)
         self.tick, self.summary = int(state["tick"]), dict(state["summary"])
         self._restored = state
@@ -47,3 +51,9 @@ class ResumeHooks:
         """The checkpoint's state for stage ``index`` when a resume lands inside it (taken once)."""
         restored, self._restored = self._restored, None
         return restored if restored is not None and restored.get("stage_index") == index else None
+
+
+def _drop_reference(checkpoint: dict[str, Any]) -> None:
+    weights = checkpoint.get("state_dict", {})
+    for key in [k for k in weights if k.startswith("_reference.")]:
+        del weights[key]

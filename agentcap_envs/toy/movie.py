@@ -2,7 +2,7 @@
 
 Why this world exists: READ needs clips with precomputed visual features, a reference AD per clip,
 the previous ADs as context, and a pure AD corpus to fine-tune the coherence scorer (LLM-AD*).
-Nothing can be downloaded here, so this script builds a small world with the same shape:
+Nothing can be downloaded here, so this module builds a small world with the same shape:
 
 * a few "movies", each an ordered sequence of clips driven by a small state machine (who holds
   what, what is open), so neighbouring ADs share characters and objects and actions follow
