@@ -5,9 +5,10 @@ environments register through the ``gymnasium.envs`` entry point (``agentcap_env
 effect of this import.
 """
 
-import importlib
+from agentcap._lazy import lazy_exports
 
-_LAZY = {
+# resolved on first use: see agentcap._lazy
+EXPORTS = {
     "CaptionEnv": "agentcap.core.env",
     "Action": "agentcap.core.episode",
     "Episode": "agentcap.core.episode",
@@ -21,15 +22,6 @@ _LAZY = {
     "AgentConfig": "agentcap.agents.agent",
 }
 
-__all__ = list(_LAZY)
+__all__ = sorted(EXPORTS)
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'agentcap' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

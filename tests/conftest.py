@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from pathlib import Path
@@ -19,15 +18,6 @@ import torch  # noqa: E402
 # Tiny models on a shared 2-core machine: one intra-op thread is many times faster than two
 # threads contending (measured: small matmuls 8 ms vs 31 us).
 torch.set_num_threads(1)
-
-
-# Tests import the package, never a tools/ script: each script is a command line over a package module.
-_TOOL_MODULES = {"make_toy_movie": "agentcap_envs.toy.movie", "make_toy_soundscapes": "agentcap_envs.toy.soundscapes"}
-
-
-def load_tool(name: str):
-    """The package module behind a toy-world script (kept for tests not yet importing it directly)."""
-    return importlib.import_module(_TOOL_MODULES[name])
 
 
 @pytest.fixture(scope="session")

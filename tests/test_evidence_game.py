@@ -15,12 +15,13 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 import pytest
-from conftest import load_tool, read_jsonl
+from conftest import read_jsonl
 
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
 from agentcap.rewards.evidence import serialize_evidence
 from agentcap.core.manifests import ManifestError
 from agentcap.judges.examiner import RuleExaminer
+from agentcap_envs.toy import soundscapes
 from agentcap_envs.evidence_game import PROMPTS, parse_composer_action
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,6 @@ RATE = 16_000
 COMPACT = PROMPTS["compact"]
 
 
-soundscapes = load_tool("make_toy_soundscapes")
 
 
 @pytest.fixture(scope="module")

@@ -233,11 +233,11 @@ def test_import_agentcap_is_light() -> None:
 
 
 def test_lazy_reexports_resolve() -> None:
-    """A package that re-exports lazily (``_LAZY``: name → module) still hands out every name it lists."""
+    """A package that re-exports lazily (``agentcap._lazy``) still hands out every name of its ``__all__``."""
     missing = []
     for name in sorted(import_graph()):
         package = importlib.import_module(name) if (ROOT / name.replace(".", "/") / "__init__.py").is_file() else None
-        for attr in sorted(getattr(package, "_LAZY", {})):
+        for attr in sorted(getattr(package, "__all__", ())):
             try:
                 getattr(package, attr)
             except (AttributeError, ImportError) as error:

@@ -1,15 +1,33 @@
-"""A wheel must carry every room: pyproject lists packages explicitly (``envs/`` installs as ``agentcap_envs``)."""
+"""A wheel must carry every room, and the built-in tasks register through Gymnasium's plugin group."""
 
 from __future__ import annotations
 
 import tomllib
+from importlib.metadata import entry_points
 from pathlib import Path
+
+from setuptools import find_packages
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_subpackage_is_listed_in_pyproject():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "agentcap").rglob("__init__.py")}
-    assert found - listed == set(), f"add these to [tool.setuptools] packages in pyproject.toml: {sorted(found - listed)}"
-    assert "agentcap_envs" in listed
+def test_every_package_folder_is_found_by_the_wheel():
+    """pyproject finds packages by pattern; a folder without ``__init__.py`` would be left out of the wheel."""
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    found = set(find_packages(str(ROOT), include=find["include"]))
+    folders = {".".join(p.relative_to(ROOT).parts) for top in ("agentcap", "agentcap_envs")
+               for p in [ROOT / top, *(ROOT / top).rglob("*")] if p.is_dir() and any(p.glob("*.py"))
+               and "__pycache__" not in p.parts}
+    assert folders - found == set(), f"add an __init__.py to: {sorted(folders - found)}"
+    assert {"agentcap", "agentcap_envs", "agentcap.core", "agentcap.training"} <= found
+
+
+def test_the_builtin_tasks_register_through_the_gymnasium_envs_entry_point():
+    import gymnasium as gym
+
+    from agentcap.core.registry import load_env_plugins
+
+    (entry,) = [e for e in entry_points(group="gymnasium.envs") if e.name == "agentcap"]
+    assert entry.value == "agentcap_envs:register_envs"
+    load_env_plugins()
+    assert {"agentcap/ADClip-v0", "agentcap/ClozeCaption-v0", "agentcap/EvidenceGame-v0"} <= set(gym.registry)

@@ -1,9 +1,9 @@
 """Frozen judges: cloze / MCQ examiners, temporal examiners and the READ coherence scorer."""
 
-import importlib
+from agentcap._lazy import lazy_exports
 
-# Re-exported on first use: a submodule importing a sibling runs this file, so it imports none of them.
-_LAZY = {
+# resolved on first use: see agentcap._lazy
+EXPORTS = {
     "CoherenceScorer": "agentcap.judges.coherence",
     **dict.fromkeys(["Examiner", "LLMExaminer", "Question", "RuleExaminer"], "agentcap.judges.examiner"),
     "causal_lm": "agentcap.judges.pool",
@@ -13,10 +13,5 @@ _LAZY = {
     "build_temporal_examiner": "agentcap.judges.build",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = sorted(EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

@@ -1,19 +1,14 @@
 """Rewards: per-sample functions (``agentcap.rewards.functional``), their weighted composition
 (``base``), their synced means (``metric``: a torchmetrics ``Metric``), READ's reward (``read``) and ACE-Cap's evidence utilities (``evidence``)."""
 
-import importlib
+from agentcap._lazy import lazy_exports
 
-# Re-exported on first use: a submodule importing a sibling runs this file, so it imports none of them.
-_LAZY = {
+# resolved on first use: see agentcap._lazy
+EXPORTS = {
     "RewardMetric": "agentcap.rewards.metric",
     "read_rewards": "agentcap.rewards.read",
     "weighted_sum": "agentcap.rewards.base",
 }
 
-__all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = sorted(EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, EXPORTS)

@@ -3,23 +3,8 @@
 ``hf`` runs the agent's own model through HF ``generate`` (default, runs everywhere); ``vllm``
 samples with a vLLM engine (optional extra) whose weights follow the learner through
 :meth:`Backend.sync`. Both return, per observation, a :class:`~agentcap.agents.generation.Generation`
-with the completion token ids and the log-probs the sampler drew them with; the agent then recomputes the learner's log-probs itself, so the
-clipped objective's old policy is always the learner's, and the sampler's log-probs serve the
-off-policy correction (``agentcap.algorithms.offpolicy``).
+with the completion token ids and the log-probs the sampler drew them with; the agent then
+recomputes the learner's log-probs itself, so the clipped objective's old policy is always the
+learner's, and the sampler's log-probs serve the off-policy correction
+(``agentcap.algorithms.offpolicy``). ``base`` holds the interface, ``build`` picks one.
 """
-
-import importlib
-
-_LAZY = {
-    "Backend": "agentcap.agents.backends.base",
-    "VLLMOptions": "agentcap.agents.backends.base",
-    "build_backend": "agentcap.agents.backends.build",
-}
-
-__all__ = list(_LAZY)
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
