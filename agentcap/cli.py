@@ -14,21 +14,19 @@ import json
 import logging
 import os
 import sys
-import time
 import warnings
 from typing import Any, Literal
 
 import yaml
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
+import agentcap.parallel.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn / grpo_fsdp)
 from agentcap.agents.agent import MissingWeightsError
 from agentcap.evaluation.table import results_table
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint
 from agentcap.resume.guard import changed_keys, move_aside
 from agentcap.training.callbacks import SampleTable, TickStep
 from agentcap.training.module import GRPOModule
-import agentcap.parallel.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn / grpo_fsdp)
-
 
 #: Subcommands outside LightningCLI: name → ("module:function" taking argv, returning an exit code;
 #: the one-line help ``agentcap --help`` lists). Add a command by adding a line.

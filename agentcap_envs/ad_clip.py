@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from agentcap.core.manifests import ManifestError, check_duration, load_features, resolve
 from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
+from agentcap.core.manifests import ManifestError, check_duration, load_features, resolve
 from agentcap.judges.coherence import CoherenceScorer
 from agentcap.judges.pool import judge_key, load_once
 from agentcap.judges.served import ServedCoherenceScorer, served_judge_client

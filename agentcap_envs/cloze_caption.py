@@ -7,9 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
 from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
+from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
 from agentcap.judges.build import build_examiner, build_temporal_examiner
 from agentcap.judges.examiner import BLANK, Question, question_bank
 from agentcap.judges.pool import sharded as judges_sharded

@@ -9,6 +9,11 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from agentcap.core.env import CaptionEnv
+from agentcap.core.episode import Episode, Score
+from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
+from agentcap.judges.build import build_examiner
+from agentcap.judges.examiner import Question, question_bank, sentences
 from agentcap.rewards.evidence import (
     LoopConfig,
     captioner_utility,
@@ -17,11 +22,6 @@ from agentcap.rewards.evidence import (
     instruct_utility,
     serialize_evidence,
 )
-from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
-from agentcap.core.env import CaptionEnv
-from agentcap.core.episode import Episode, Score
-from agentcap.judges.build import build_examiner
-from agentcap.judges.examiner import Question, question_bank, sentences
 from agentcap.rewards.functional.cloze import answer_scores
 
 CAPTIONER, COMPOSER, INSTRUCT = "captioner", "composer", "instruct"

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from agentcap.agents.adapters import LoraSpec
-from agentcap.agents.reference import AdaptersDisabled, kl_reference
 from agentcap.agents.agent import AgentConfig, build_agent, build_agents, pad_right
+from agentcap.agents.reference import AdaptersDisabled, kl_reference
 from agentcap.algorithms.grpo import clipped_objective
 
 LORA = LoraSpec(r=4, alpha=8)

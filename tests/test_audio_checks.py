@@ -12,7 +12,14 @@ import pytest
 import soundfile
 
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
-from agentcap.core.manifests import AudioDecodeError, ManifestError, TruncationWarning, check_audio, decoded_duration, load_audio
+from agentcap.core.manifests import (
+    AudioDecodeError,
+    ManifestError,
+    TruncationWarning,
+    check_audio,
+    decoded_duration,
+    load_audio,
+)
 
 RATE = 16000
 

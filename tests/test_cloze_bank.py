@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import read_jsonl
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentcap.agents.tokenizer import build_word_tokenizer
@@ -16,7 +17,6 @@ from agentcap.core.manifests import ManifestError
 from agentcap.data import question_bank as bank_tool
 from agentcap.judges.examiner import Question, RuleExaminer
 from agentcap.rewards.functional.cloze import evidence_sufficiency
-from conftest import read_jsonl
 
 validate = bank_tool.validate_cloze_item
 

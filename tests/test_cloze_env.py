@@ -14,8 +14,8 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 import pytest
-from conftest import read_jsonl
 import soundfile
+from conftest import read_jsonl
 
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
 from agentcap.core.manifests import ManifestError

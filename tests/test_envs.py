@@ -59,8 +59,9 @@ def test_demonstrations_replay_as_episodes(env_id, toy_movie, toy_soundscapes):
 
 def test_environment_pages_match_their_docstrings():
     """docs/envs/*.md are generated (tools/gen_env_docs.py); a docstring change must regenerate them."""
-    from agentcap.commands.envs import env_page
     from conftest import ROOT
+
+    from agentcap.commands.envs import env_page
 
     for env_id in sorted(i for i in gym.registry if i.startswith("agentcap/")):
         path = ROOT / "docs" / "envs" / (env_id.split("/")[1] + ".md")

@@ -169,8 +169,8 @@ def test_recall_at_k_of_n_by_hand():
 
 
 def tiny_scorer(tmp_path):
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
     words = sorted({w for p in PAIRS for w in (p["caption"] + " " + p["reference"]).split()})
     vocab = {"<unk>": 0, "<eos>": 1, **{w: i + 2 for i, w in enumerate(words)}}

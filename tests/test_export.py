@@ -96,9 +96,8 @@ def test_export_loads_and_generates_with_plain_transformers(lora_run, tmp_path, 
 
 
 def test_shared_base_exports_each_role_with_its_own_adapter(tmp_path):
-    from transformers import AutoModelForCausalLM
-
     from test_adapters import shared_pair, train
+    from transformers import AutoModelForCausalLM
 
     agents = shared_pair()
     agents["captioner"].set_trainable(True)

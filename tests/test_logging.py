@@ -111,8 +111,8 @@ def test_rollout_metrics_report_the_spread_inside_groups():
 
     import torch
 
-    from agentcap.training.logs import rollout_metrics
     from agentcap.rollout.driver import RolloutBatch
+    from agentcap.training.logs import rollout_metrics
 
     # trajectories 0-1 form group 0 and 2-3 group 1 (group = global trajectory id // G)
     spans = [SimpleNamespace(kind="answer", trajectory=t, action_index=0, utility=u, completion_ids=torch.zeros(1))
@@ -185,7 +185,6 @@ def _two_rank_metrics(rank, port, out):
     import json
 
     import torch.distributed as dist
-
     from gloo import join_group
 
     join_group(rank, port)

@@ -14,9 +14,9 @@ import pytest
 import torch
 import yaml
 
+from agentcap.cli import main
 from agentcap.resume.checkpoints import TickCheckpoint, checkpoints, latest_checkpoint
 from agentcap.training.callbacks import SampleTable
-from agentcap.cli import main
 
 STAGES = [{"name": "sft", "kind": "sft", "agent": "policy", "steps": 3}]
 

@@ -10,8 +10,8 @@ import pytest
 import soundfile
 
 import agentcap.core.manifests as data
-from agentcap.core.manifests import check_audio, load_audio
 from agentcap.core.env import CaptionEnv
+from agentcap.core.manifests import check_audio, load_audio
 
 
 class Clips(CaptionEnv):

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile
+from conftest import read_jsonl
 
 from agentcap_envs.toy import movie as movie_world
 from agentcap_envs.toy import soundscapes as sound_world
-from conftest import read_jsonl
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -88,21 +87,18 @@ def test_killed_run_resumes_at_the_same_stage_and_step(tmp_path, toy_movie, make
         {"name": "after", "kind": "evaluate", "split": "test"},
     ]
     config = make_read_config(tmp_path / "run", toy_movie, stages)
+    config = config.rename(tmp_path / "config.yaml")  # the run's own config.yaml will name the kill switch
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentcap.cli", "fit", "--config", str(config), "--checkpoint_every", "4"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    # killed (SIGKILL) after tick 10: the newest checkpoint is tick 8's (tests/kill_switch.py)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
+    killed = subprocess.run(
+        [sys.executable, "-m", "agentcap.cli", "fit", "--config", str(config), "--checkpoint_every", "4",
+         "--trainer.callbacks+=kill_switch.KillAtTick", "--trainer.callbacks.tick=10"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, env=env,
     )
-    deadline = time.time() + 300
-    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert ckpt.exists(), "no checkpoint was written before the kill"
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)["agentcap"]
-    assert 0 < saved["tick"] < 41
+    assert saved["tick"] == 8
     result = fit(config, "--checkpoint_every", "4")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from" in result.stderr

@@ -19,9 +19,9 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 
+from agentcap.agents.adapters import Adapters, LoraSpec, attach_adapter
 from agentcap.agents.backends.base import VLLMOptions
 from agentcap.agents.backends.build import build_backend
-from agentcap.agents.adapters import Adapters, LoraSpec, attach_adapter
 from agentcap.agents.checkpointing import enable_gradient_checkpointing
 from agentcap.agents.families import FAMILIES, Family, Observation
 from agentcap.agents.generation import Generation

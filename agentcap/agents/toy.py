@@ -17,11 +17,9 @@ from typing import Literal
 
 import torch
 import torch.nn as nn
-
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentcap.agents.prefix import shared_prompt_cache
-
 
 LOG_MEL_SHIFT, LOG_MEL_SCALE = 5.5, 2.0
 

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from agentcap.core.manifests import SkipReport, read_manifest
 from agentcap.core.episode import Action, Episode, Score
+from agentcap.core.manifests import SkipReport, read_manifest
 from agentcap.core.spaces import FreeText, observation_space
 
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from agentcap.parallel import distributed
 from agentcap.evaluation.captioning import CaptionMetrics, warn
 from agentcap.evaluation.items import write_eval_items
 from agentcap.evaluation.predictions import write_predictions
 from agentcap.evaluation.rollouts import evaluate_rollouts, write_summary
+from agentcap.parallel import distributed
 from agentcap.training.logs import emit, log_captions
 from agentcap.training.schedule import Stage
 

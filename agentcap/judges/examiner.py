@@ -29,8 +29,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 from agentcap.core.manifests import ManifestError
-from agentcap.parallel.distributed import world
 from agentcap.judges.prefix import PrefixReader
+from agentcap.parallel.distributed import world
 from agentcap.parallel.lockstep import FORWARD, GENERATE, announce_pass, stand_in_passes
 from agentcap.parallel.sharding import is_sharded
 from agentcap.rewards.evidence import EVIDENCE_PREAMBLE, QUESTION_LABEL

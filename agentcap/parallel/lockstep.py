@@ -18,7 +18,6 @@ from torch import nn
 from agentcap.parallel.distributed import collective_device, most, world
 from agentcap.parallel.sharding import is_sharded
 
-
 #: What a sharded judge's process is about to run: nothing more, a forward, a ``generate`` call.
 DONE, FORWARD, GENERATE = 0, 1, 2
 

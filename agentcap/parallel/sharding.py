@@ -26,14 +26,14 @@ handled:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from agentcap.parallel.distributed import collective_device, most, world
+from agentcap.parallel.distributed import world
 
 
 def is_sharded(module: nn.Module) -> bool:

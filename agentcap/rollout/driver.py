@@ -18,10 +18,10 @@ from typing import Any
 from agentcap.agents.agent import Agent
 from agentcap.agents.generation import Generation
 from agentcap.agents.sampling import trajectory_seed
-from agentcap.judges.pool import sharded as judges_sharded
-from agentcap.parallel.lockstep import Lockstep
 from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
+from agentcap.judges.pool import sharded as judges_sharded
+from agentcap.parallel.lockstep import Lockstep
 
 
 @dataclass(kw_only=True)

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from agentcap.parallel.distributed import gather_objects, share, world
-from agentcap.training.schedule import Stage
 from agentcap.rollout.splits import Splits
+from agentcap.training.schedule import Stage
 
 
 class Replay:

@@ -33,26 +33,30 @@ its evaluation hooks come from ``evaluation.hooks`` and its checkpoint hooks fro
 from __future__ import annotations
 
 import os
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, Literal
-
-import sys
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from agentcap.parallel import distributed
 from agentcap.agents.agent import Agent, AgentConfig, build_agents
-from agentcap.agents.tokens import pad_right
 from agentcap.agents.reference import kl_reference
+from agentcap.agents.tokens import pad_right
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.algorithms.loop import normalize_by_type
 from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weights
 from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
 from agentcap.judges.pool import shard_judges
+from agentcap.parallel import distributed
+from agentcap.parallel.sharding import is_sharded, load_model_state, load_optimizer_state, mixed_precision, shard_agents
+from agentcap.resume.hooks import ResumeHooks
+from agentcap.rollout.driver import Span
+from agentcap.rollout.replay import Replay
+from agentcap.rollout.splits import EnvConfig, Splits
 from agentcap.training.logs import StepClock, emit, rollout_metrics, sample_rows, update_metrics
 from agentcap.training.old_policy import fill_old_logprobs, old_or_current
 from agentcap.training.optim import (
@@ -62,12 +66,7 @@ from agentcap.training.optim import (
     check_trainable_precision,
     optimizer_step,
 )
-from agentcap.rollout.replay import Replay
-from agentcap.resume.hooks import ResumeHooks
-from agentcap.rollout.driver import Span
 from agentcap.training.schedule import Schedule, Stage
-from agentcap.parallel.sharding import is_sharded, load_model_state, load_optimizer_state, mixed_precision, shard_agents
-from agentcap.rollout.splits import EnvConfig, Splits
 
 __all__ = ["EnvConfig", "GRPOModule"]
 

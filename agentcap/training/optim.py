@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from agentcap.parallel import distributed
 from agentcap.agents.agent import Agent
+from agentcap.parallel import distributed
 from agentcap.parallel.sharding import full_norm, needs_gradient_all_reduce
 
 T = TypeVar("T")

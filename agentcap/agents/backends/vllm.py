@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from agentcap.agents.backends.base import VLLMOptions
-from agentcap.agents.generation import Generation
 from agentcap.agents.backends.weights import layers
+from agentcap.agents.generation import Generation
 
 
 def _worker_model(worker):

@@ -1,0 +1,18 @@
+"""A callback that kills its own process (SIGKILL: no cleanup, as a preempted node) at a given
+schedule tick, so a resume test stops at a known place instead of racing a timer."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning as L
+
+
+class KillAtTick(L.Callback):
+    def __init__(self, tick: int):
+        self.tick = tick
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if pl_module.tick >= self.tick:
+            os.kill(os.getpid(), signal.SIGKILL)
