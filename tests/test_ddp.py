@@ -200,6 +200,38 @@ def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes,
         assert all(v < 1e-5 for v in worst.values()), {k: v for k, v in worst.items() if v >= 1e-5}
 
 
+@pytest.mark.slow  # three fits, two of them with 2 processes
+def test_every_logged_metric_of_two_processes_equals_one(tmp_path, toy_movie, make_read_config):
+    """READ's rewards spread within groups, and two epochs of two minibatches at a high lr with a KL
+    reference move the policy between minibatches: the logged loss, ratio, clip fraction, KL,
+    entropy, gradient norm, rewards and lengths are all away from their trivial values, and equal
+    one process's on 2 processes (each rank's share summed, not one rank's share)."""
+    stages = [
+        {"name": "sft", "kind": "sft", "agent": "policy", "steps": 40, "lr": 5e-3},  # answers in READ's format
+        {"name": "grpo", "kind": "grpo", "agent": "policy", "steps": 2, "lr": 3e-3},
+    ]
+    settings = dict(sft_batch_size=4, group_size=4, rollout_batch_size=8, minibatch_size=4, ppo_epochs=2,
+                    beta=0.05, clip_eps=0.02)
+    runs = {}
+    for name, extra in (("one", ()), ("ddp", ("--trainer.devices=2", "--trainer.strategy=grpo_ddp")),
+                        ("fsdp", ("--trainer.devices=2", "--trainer.strategy=grpo_fsdp"))):
+        result = fit(make_read_config(tmp_path / name, toy_movie, stages, **settings), *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = tmp_path / name
+    one = logged(runs["one"])
+    for key in ("pg_loss", "ratio", "clipfrac", "kl", "entropy", "grad_norm"):
+        values = [v for (step, k), v in one.items() if k == f"loss/policy/{key}"]
+        trivial = 1.0 if key == "ratio" else 0.0
+        assert values and any(abs(v - trivial) > 1e-4 for v in values), (key, values)  # a real test of the sum
+    for name in ("ddp", "fsdp"):
+        worst = logged_differences(runs["one"], runs[name])
+        print(f"1 vs 2 processes ({name}), READ: {len(worst)} logged keys, largest |diff| "
+              + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items(), key=lambda kv: -kv[1])[:3]))
+        # 40 SFT steps at lr 5e-3 carry float32 summation-order differences (~1e-7 in the weights)
+        # to ~1e-5 in the GRPO step's gradient norm; one rank's share would be off by ~50 %
+        assert all(v < 1e-4 for v in worst.values()), {k: v for k, v in worst.items() if v >= 1e-4}
+
+
 # --- held-out evaluation: one process equals two ------------------------------------------------
 @pytest.mark.slow  # `agentcap fit` in subprocesses, 2 DDP ranks
 def test_held_out_evaluation_in_two_processes_equals_one(tmp_path, toy_soundscapes, make_game_config):
