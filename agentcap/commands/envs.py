@@ -36,12 +36,10 @@ def _first_doc_line(spec: Any) -> str:
         return f"(cannot import: {err})"
 
 
-
-
 def env_page(env_id: str) -> str:
-    """``docs/envs/<Name>.md`` of a registered environment, from its class docstring (the single source:
-    Description, Action, Observation, Rewards, Episode end, Arguments, Version history); ``tools/gen_env_docs.py``
-    writes them."""
+    """``docs/envs/<Name>.md`` of a registered environment, from its class docstring (the single
+    source: Description, Action, Observation, Rewards, Episode end, Arguments, Version history);
+    ``tools/gen_env_docs.py`` writes them."""
     spec = gym.registry[env_id]
     cls = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
     doc = inspect.cleandoc(cls.__doc__ or "")
