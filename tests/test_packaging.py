@@ -31,3 +31,28 @@ def test_the_builtin_tasks_register_through_the_gymnasium_envs_entry_point():
     assert entry.value == "agentcap_envs:register_envs"
     load_env_plugins()
     assert {"agentcap/ADClip-v0", "agentcap/ClozeCaption-v0", "agentcap/EvidenceGame-v0"} <= set(gym.registry)
+
+
+def test_an_installed_package_registers_its_environments_through_the_entry_point(tmp_path, monkeypatch):
+    """A user's package declaring ``gymnasium.envs`` is registered without being imported by hand."""
+    import gymnasium as gym
+
+    from agentcap.core.registry import load_env_plugins
+
+    (tmp_path / "plugin_task").mkdir()
+    (tmp_path / "plugin_task" / "__init__.py").write_text(
+        "from gymnasium.envs.registration import register\n\n"
+        "def register_envs():\n"
+        "    register(id='plugintask/Echo-v0', entry_point='plugin_task.echo:EchoEnv')\n"
+    )
+    info = tmp_path / "plugin_task-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plugin-task\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[gymnasium.envs]\nplugintask = plugin_task:register_envs\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "plugintask/Echo-v0" not in gym.registry
+    load_env_plugins()
+    try:
+        assert gym.registry["plugintask/Echo-v0"].entry_point == "plugin_task.echo:EchoEnv"
+    finally:
+        del gym.registry["plugintask/Echo-v0"]
