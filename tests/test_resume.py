@@ -170,8 +170,8 @@ def test_a_setting_added_by_a_newer_agentcap_is_no_change_at_its_default(tmp_pat
 def test_resuming_inside_a_grpo_stage_with_a_kl_reference_equals_an_uninterrupted_run(tmp_path, toy_movie,
                                                                                       make_read_config):
     """The stage's frozen reference comes back from the checkpoint's own entry: a checkpoint taken
-    mid-stage loads (it once also held the reference as module weights, which refused to load), and
-    the run ends with the uninterrupted run's weights and summary."""
+    mid-stage loads, also one written when the reference was a submodule whose weights it held as
+    well (they once refused to load), and the run ends with the uninterrupted run's weights and summary."""
     stages = [{"name": "sft", "kind": "sft", "agent": "policy", "steps": 1},
               {"name": "grpo", "kind": "grpo", "agent": "policy", "steps": 3},
               {"name": "after", "kind": "evaluate", "split": "test"}]
@@ -185,7 +185,12 @@ def test_resuming_inside_a_grpo_stage_with_a_kl_reference_equals_an_uninterrupte
     for path in [folder / "last.ckpt", *(folder / f"tick-{t:06d}.ckpt" for t in (3, 4, 5))]:
         path.unlink()  # as a kill after the first GRPO step leaves it
     (runs["killed"] / "summary.json").unlink()
-    assert torch.load(folder / "tick-000002.ckpt", weights_only=True)["agentcap"]["reference"] is not None
+    saved = torch.load(folder / "tick-000002.ckpt", weights_only=True)
+    assert saved["agentcap"]["reference"] is not None
+    assert not any(k.startswith("_reference.") for k in saved["state_dict"])  # saved once, as stage state
+    # as checkpoints written before agentcap 0.1.1 hold it: also as module weights
+    saved["state_dict"].update({f"_reference.model.{k}": v for k, v in saved["agentcap"]["reference"].items()})
+    torch.save(saved, folder / "tick-000002.ckpt")
     main(["fit", "--config", str(tmp_path / "killed.yaml"), "--checkpoint_every", "1", "--checkpoint_keep", "9"])
     a, b = (torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for run in runs.values())
     assert a.keys() == b.keys() and not any(k.startswith("_reference.") for k in a)

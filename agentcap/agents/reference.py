@@ -15,15 +15,18 @@ import torch
 from agentcap.agents.agent import Agent
 
 
-class Reference(torch.nn.Module):
+class Reference:
     """A frozen copy of an agent's model, scored through the agent's own family (same encoding).
+
+    Not an ``nn.Module``: on the GRPOModule it would be a submodule whose weights every checkpoint
+    gathered and saved as module weights, beside the stage state that restores it
+    (``agentcap.resume.hooks``).
 
     A sharded agent cannot be deep-copied: it brings ``mirror``, a frozen copy sharded alike when
     the agents were sharded (``agentcap.parallel.sharding.shard_agents``), which takes the policy's current
     weights here, each process its own shards."""
 
     def __init__(self, agent: Agent, mirror: torch.nn.Module | None = None):
-        super().__init__()
         if mirror is None:
             self.model = copy.deepcopy(agent.model).eval().requires_grad_(False)
             return

@@ -30,15 +30,12 @@ class ResumeHooks:
             "reference": None if getattr(self._reference, "model", None) is None else model_state(self._reference.model),
             "replay": self.replay.state(active),
         }
-        # the reference is a submodule while its stage runs, but it is the "reference" entry above
-        # (restored when its stage begins again), not module weights to load at start-up
-        _drop_reference(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("agentcap")
         if state is None:
             return
-        _drop_reference(checkpoint)  # checkpoints written before agentcap 0.1.1 also hold it as weights
+        _drop_reference(checkpoint)
         self.schedule.check_resumable(state.get("stages"), self.run_dir)
         self.tick, self.summary = int(state["tick"]), dict(state["summary"])
         self._restored = state
@@ -54,6 +51,8 @@ class ResumeHooks:
 
 
 def _drop_reference(checkpoint: dict[str, Any]) -> None:
+    """Checkpoints written before the reference stopped being a submodule also hold it as module
+    weights (``_reference.*``); it comes back from the "reference" entry when its stage begins."""
     weights = checkpoint.get("state_dict", {})
     for key in [k for k in weights if k.startswith("_reference.")]:
         del weights[key]
