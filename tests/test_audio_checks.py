@@ -1,10 +1,13 @@
 """Every audio check that passes at load also decodes: zero frames, truncated MP3s and files cut
-at ``max_seconds`` are named, never passed on silently (issue 11, cases 1, 3 and 8)."""
+at ``max_seconds`` are named, never passed on silently (issue 11, cases 1, 3 and 8). Only the part
+kept at ``max_seconds`` is decoded and held in memory (issue 26)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -38,6 +41,11 @@ def files(tmp_path_factory):
     # the first kilobyte of a 6 s MP3: its header still says 6 s, the decoder gives ~0.15 s
     (out / "truncated.mp3").write_bytes((out / "whole.mp3").read_bytes()[:1000])
     soundfile.write(out / "long.wav", tone(10.0), RATE)
+    soundfile.write(out / "sixty.mp3", tone(60.0), RATE, format="MP3")
+    soundfile.write(out / "sixty.flac", tone(60.0), RATE, format="FLAC")
+    for name in ("sixty.mp3", "sixty.flac"):  # the first half of a 60 s file; the header still says 60 s
+        whole = (out / name).read_bytes()
+        (out / f"half_{name}").write_bytes(whole[: len(whole) // 2])
     return out
 
 
@@ -93,3 +101,57 @@ def test_raw_audio_items_are_checked_like_manifest_rows(tmp_path, toy_soundscape
     (tmp_path / "empty.wav").write_bytes(b"")
     with pytest.raises(ManifestError, match="is empty"):
         env.item_from_audio(str(tmp_path / "empty.wav"))
+
+
+def test_only_the_kept_part_is_decoded(files):
+    half = str(files / "half_sixty.flac")  # decodes fine for ~25 s, then the FLAC decoder loses sync
+    with pytest.raises(ManifestError, match="half_sixty.flac"):
+        load_audio(half, RATE)  # all of it: the damage is reached
+    assert len(load_audio(half, RATE, max_seconds=5.0)) == 5 * RATE  # the first 5 s never reach it
+    # resampling only the kept part gives the samples that resampling the whole file and cutting gave
+    import torch
+    import torchaudio.functional as AF
+
+    whole = AF.resample(torch.from_numpy(tone(60.0)), RATE, 22050)[: 5 * 22050].numpy()
+    np.testing.assert_allclose(load_audio(str(files / "sixty.flac"), 22050, max_seconds=5.0), whole, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["half_sixty.mp3", "half_sixty.flac"])
+def test_a_damaged_tail_past_max_seconds_is_still_refused(files, name):
+    assert soundfile.info(str(files / name)).frames == 60 * RATE
+    with pytest.raises(AudioDecodeError, match=rf"m.jsonl:2: field 'audio'.*{name}.*decodes to at most \d+ frames.*header says 960000"):
+        check_audio({"audio": str(files / name)}, "audio", "m.jsonl:2", max_seconds=5.0)
+    assert check_audio({"audio": str(files / "sixty.mp3")}, "audio", "m.jsonl:2", max_seconds=5.0) == pytest.approx(60.0, abs=0.05)
+
+
+def test_a_file_truncated_inside_max_seconds_names_the_decoded_length(files):
+    with pytest.raises(AudioDecodeError, match=r"decodes to 4\d{5} frames \(2\d\.\d+ s\) but its header says 960000"):
+        check_audio({"audio": str(files / "half_sixty.mp3")}, "audio", "m.jsonl:2", max_seconds=45.0)
+    with pytest.raises(AudioDecodeError, match=r"half_sixty.mp3.*decodes to 4\d{5} frames .*header says 960000"):
+        load_audio(str(files / "half_sixty.mp3"), RATE, where="m.jsonl:2", max_seconds=45.0)
+
+
+@pytest.mark.slow  # two fresh interpreters that import torch
+def test_peak_memory_follows_max_seconds_not_the_file(tmp_path):
+    """A 50 MB WAV (26 min) cut at 30 s: decoding it whole took 214 MB more (623 MB resampled)."""
+    spec = importlib.util.spec_from_file_location("bench", Path(__file__).parents[1] / "tools" / "bench_audio_memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    path = bench.sparse_wav(str(tmp_path / "long.wav"), 50_000_000)
+    assert soundfile.info(path).frames == (50_000_000 - 44) // 2
+    # 22.05 kHz: resampled (torch's first convolution alone costs ~30 MB, whatever the length)
+    for kind, rate, bound in (("load", RATE, 30e6), ("load", 22050, 100e6), ("check", RATE, 5e6)):
+        row = bench.measure(kind, path, rate, 30.0)
+        assert row["kept_bytes"] == 30 * rate * 4
+        assert row["peak_increase"] < bound, (kind, rate, row)
+
+
+def test_caption_audio_warns_for_files_longer_than_max_seconds(tmp_path, toy_soundscapes, files):
+    from test_caption_robustness import caption_command, cloze_config
+
+    soundfile.write(tmp_path / "short.wav", tone(1.0), RATE)
+    config = cloze_config(tmp_path, toy_soundscapes, max_seconds=2.0)
+    with pytest.warns(TruncationWarning, match=r"ClozeCaptionEnv --audio: 1 of 2 clips are longer than max_seconds=2.0 .*longest 10.0 s"):
+        code = caption_command(["--config", config, "--audio", str(files / "long.wav"), str(tmp_path / "short.wav"),
+                                "--out", str(tmp_path / "out.jsonl")])
+    assert code == 0

@@ -1,6 +1,7 @@
 """`agentcap caption` never loses work (issue 11, cases 1 and 2): rows are written as they are
 produced, an unusable item gets a row with its error, the exit status says some failed, and a last
-line counts captioned, failed and skipped items."""
+line counts captioned, failed and skipped items. Its inputs are never overwritten, a run without a
+checkpoint needs ``--untrained``, and a refused row keeps its id (issue 26)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ import pytest
 import soundfile
 import yaml
 
-from agentcap.commands.caption import caption_command
+from agentcap.commands import caption
+
+
+def caption_command(argv):
+    """The toy runs have no checkpoint: caption with their untrained weights."""
+    return caption.caption_command([*argv, "--untrained"])
 
 
 def cloze_config(tmp_path, world, **kwargs) -> str:
@@ -103,6 +109,92 @@ def test_captions_are_on_disk_before_the_run_ends(tmp_path, toy_soundscapes, mon
 
     monkeypatch.setattr(CaptionEnv, "caption", interrupted)
     out = tmp_path / "captions.jsonl"
+    out.write_text('{"id": "earlier", "caption": "an earlier run"}\n')
     with pytest.raises(KeyboardInterrupt):
         caption_command(["--config", cloze_config(tmp_path, toy_soundscapes), "--out", str(out)])
-    assert len(rows(out)) == calls[0] == 2  # the first batch's captions were kept
+    assert len(rows(tmp_path / "captions.jsonl.partial")) == calls[0] == 2  # the first batch's captions were kept
+    assert rows(out) == [{"id": "earlier", "caption": "an earlier run"}]  # and the earlier output is whole
+
+
+def test_a_finished_run_replaces_the_earlier_output(tmp_path, toy_soundscapes):
+    out = tmp_path / "captions.jsonl"
+    out.write_text("an earlier run, much longer than this one would be\n" * 100)
+    assert caption_command(["--config", cloze_config(tmp_path, toy_soundscapes), "--out", str(out), "--limit", "1"]) == 0
+    assert len(rows(out)) == 1 and not (tmp_path / "captions.jsonl.partial").exists()
+
+
+@pytest.mark.parametrize("flag", ["--manifest", "--config", "--checkpoint", "a link to --manifest"])
+def test_an_output_that_is_an_input_is_refused_before_it_is_opened(tmp_path, toy_soundscapes, flag):
+    config = cloze_config(tmp_path, toy_soundscapes)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_bytes((toy_soundscapes / "test.jsonl").read_bytes())
+    checkpoint = tmp_path / "w.ckpt"
+    checkpoint.write_bytes(b"weights")
+    out = {"--manifest": manifest, "--config": config, "--checkpoint": checkpoint}.get(flag, tmp_path / "link.jsonl")
+    if flag.startswith("a link"):
+        (tmp_path / "link.jsonl").symlink_to(manifest)
+    argv = ["--config", config, "--manifest", str(manifest), "--out", str(out)]
+    if flag == "--checkpoint":
+        argv += ["--checkpoint", str(checkpoint)]
+        runner = caption.caption_command  # --checkpoint and --untrained exclude each other
+    else:
+        runner = caption_command
+    before = {p: open(p, "rb").read() for p in (manifest, config, checkpoint)}
+    with pytest.raises(SystemExit, match=r"--out .* is the .*; writing there would destroy it"):
+        runner(argv)
+    assert {p: open(p, "rb").read() for p in before} == before
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_run_without_checkpoint_is_refused_unless_untrained(tmp_path, toy_soundscapes):
+    out = tmp_path / "captions.jsonl"
+    argv = ["--config", cloze_config(tmp_path, toy_soundscapes), "--out", str(out), "--limit", "1"]
+    with pytest.raises(SystemExit, match=r"no checkpoint in .*run \(train first: agentcap fit --config .*--untrained"):
+        caption.caption_command(argv)
+    assert not out.exists()
+    assert caption.caption_command([*argv, "--untrained"]) == 0 and len(rows(out)) == 1
+
+
+def test_a_non_utf8_byte_costs_only_its_line(tmp_path, toy_soundscapes, capsys):
+    lines = (toy_soundscapes / "test.jsonl").read_bytes().splitlines(keepends=True)
+    second = json.loads(lines[1])
+    column = lines[1].index(b'"', lines[1].index(b'"caption": ') + 11) + 2  # the caption's first character
+    lines[1] = lines[1][: column - 1] + b"\xff" + lines[1][column - 1 :]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_bytes(b"".join(lines))
+    (tmp_path / "audio").symlink_to(toy_soundscapes / "audio")  # the rows' audio paths are relative
+    out = tmp_path / "captions.jsonl"
+    assert caption_command(["--config", cloze_config(tmp_path, toy_soundscapes), "--manifest", str(manifest),
+                            "--out", str(out)]) == 1
+    written = rows(out)
+    refused = [r for r in written if r.get("error")]
+    assert refused == [{"id": second["id"], "where": f"{manifest}:2", "caption": None, "failed": True,
+                        "error": f"{manifest}:2: not valid UTF-8 (byte 0xff at column {column})"}]
+    assert sum(r["caption"] is not None for r in written) == len(lines) - 1
+    assert f"{len(lines) - 1} captioned, 1 failed, 0 skipped" in capsys.readouterr().err
+
+
+def test_refused_rows_keep_their_id(tmp_path, toy_soundscapes):
+    out = tmp_path / "captions.jsonl"
+    bad = toy_soundscapes / "bad.jsonl"
+    assert caption_command(["--config", cloze_config(tmp_path, toy_soundscapes), "--manifest", str(bad),
+                            "--out", str(out)]) == 1
+    ids = [json.loads(line)["id"] for line in bad.read_text().splitlines()]
+    refused = {r["where"]: r["id"] for r in rows(out) if r.get("error")}
+    assert refused == {f"{bad}:{n}": i for n, i in enumerate(ids, start=1) if i != "bad-valid"}
+
+
+def test_every_row_refused_prints_the_first_reasons_and_their_count(tmp_path, toy_soundscapes, capsys):
+    bad = toy_soundscapes / "bad.jsonl"
+    lines = [line for line in bad.read_text().splitlines() if json.loads(line)["id"] != "bad-valid"]
+    manifest = tmp_path / "all-bad.jsonl"
+    (tmp_path / "audio").symlink_to(toy_soundscapes / "audio")  # refused for their own faults
+    manifest.write_text("".join(line + "\n" for line in lines) + "not a row\n")
+    out = tmp_path / "captions.jsonl"
+    assert caption_command(["--config", cloze_config(tmp_path, toy_soundscapes), "--manifest", str(manifest),
+                            "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    written = rows(out)
+    assert len(written) == 6 and all(r["error"] for r in written)
+    assert f"{manifest}: all 6 rows are refused; the first 5:\n  {written[0]['error']}" in err
+    assert "0 captioned, 6 failed, 0 skipped" in err

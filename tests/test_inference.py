@@ -20,7 +20,7 @@ def test_recurrent_captioning_uses_own_previous_ads(tmp_path, toy_movie, make_re
     out = tmp_path / "ads.jsonl"
     result = subprocess.run(
         [sys.executable, "-m", "agentcap.cli", "caption", "--config", str(config),
-         "--manifest", str(toy_movie / "test.jsonl"), "--out", str(out)],
+         "--manifest", str(toy_movie / "test.jsonl"), "--out", str(out), "--untrained"],
         cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,5 +1,6 @@
 """Every manifest field a task reads later is checked at load, as file:line: field (issue 11, case 7),
-choice-valued arguments refuse a typo, and a finished episode cannot be stepped again (case 8)."""
+choice-valued arguments refuse a typo, and a finished episode cannot be stepped again (case 8). A bad
+byte costs one row, a refused row keeps its id, and a load that refuses every row says why (issue 26)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import gymnasium as gym
 import pytest
 
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
-from agentcap.core.manifests import ManifestError, read_manifest
+from agentcap.core.manifests import ManifestError, NoUsableRows, SkipReport, read_manifest
 
 
 def rows_of(world, split="train"):
@@ -100,3 +101,38 @@ def test_max_turns_follow_the_environment_bound(toy_soundscapes):
     assert driver.scorer.unwrapped.max_actions == 83 and driver.max_turns == 83  # c0 + 40 × (Q, A) + stop + final
     with pytest.raises(ValueError, match="max_turns=64 is below EvidenceGameEnv's own bound of 83"):
         RolloutDriver(make, {}, max_turns=64).scorer
+
+
+def test_a_non_utf8_byte_costs_only_its_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"id": "a"}\n{"id": "b", "x": "caf\xff"}\n{"id": "c"}\n')
+    report = SkipReport()
+    rows = read_manifest(str(path), {"id": str}, on_error="skip", max_skip_fraction=0.5, report=report)
+    assert [r["id"] for r in rows] == ["a", "c"]
+    assert report.skipped == [f"{path}:2: not valid UTF-8 (byte 0xff at column 22)"]
+    assert report.ids == ["b"]  # read past the bad byte, so the refused row can still be matched
+    with pytest.raises(ManifestError, match=r"m.jsonl:2: not valid UTF-8 \(byte 0xff at column 22\)"):
+        read_manifest(str(path), {"id": str})
+
+
+def test_refused_rows_keep_their_id_also_when_cached(tmp_path, toy_soundscapes):
+    rows = rows_of(toy_soundscapes)[:3]
+    rows[1]["duration"] = -1.0
+    manifest = write(tmp_path, rows + ["not an object", {"no": "id"}])
+    for _ in range(2):  # the second load comes from the cache
+        env = gym.make("agentcap/ClozeCaption-v0", manifest=manifest, on_error="skip", max_skip_fraction=0.9).unwrapped
+        assert env.skipped.ids == [rows[1]["id"], None, None] and len(env.skipped.skipped) == 3
+
+
+def test_every_row_refused_names_the_first_reasons_and_the_count(tmp_path, toy_soundscapes):
+    rows = rows_of(toy_soundscapes)  # 6 rows, all refused: the first 5 are shown
+    assert len(rows) == 6
+    for row in rows:
+        row["duration"] = -1.0
+    manifest = write(tmp_path, rows)
+    with pytest.raises(NoUsableRows) as caught:
+        gym.make("agentcap/ClozeCaption-v0", manifest=manifest, on_error="skip", max_skip_fraction=1.0)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == f"{manifest}: all 6 rows are refused; the first 5:"
+    assert lines[1:] == [f"  {manifest}:{n}: field 'duration' must be a number of seconds ≥ 0, got -1.0" for n in range(1, 6)]
+    assert caught.value.report.ids == [r["id"] for r in rows] and len(caught.value.report.skipped) == 6

@@ -1,24 +1,26 @@
 """``agentcap caption``: run trained, frozen agents on new clips or audio files.
 
 The agents and environment come from the same config that trained them, the weights from a
-checkpoint. The environment decides how inference runs (READ feeds its own previous ADs back as
-context; ACE-Cap plays the Composer–Instruct game until READY or the budget). Every result is
-written as one JSON line as soon as it is produced; an item that cannot be used gets a row with its
-error instead, the exit status is 1 when any failed, and a last line counts captioned, failed and
-skipped items.
+checkpoint; a run without one is refused unless ``--untrained`` is given. The environment decides
+how inference runs (READ feeds its own previous ADs back as context; ACE-Cap plays the
+Composer–Instruct game until READY or the budget). Every result is written as one JSON line as soon
+as it is produced, to ``<out>.partial``, which replaces ``<out>`` when the run ends (an interrupted
+run leaves the earlier ``<out>`` whole); ``--out`` may not be an input. An item that cannot be used
+gets a row with its error instead, the exit status is 1 when any failed, and a last line counts
+captioned, failed and skipped items.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 import torch
 
-from agentcap.core.manifests import ManifestError
+from agentcap.commands.outputs import JsonlOutput, check_output
+from agentcap.core.manifests import ManifestError, NoUsableRows, warn_truncation
 from agentcap.resume.checkpoints import latest_checkpoint
 from agentcap.resume.loading import load_module
 from agentcap.rollout.driver import RolloutDriver
@@ -27,20 +29,29 @@ from agentcap.rollout.driver import RolloutDriver
 def caption_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agentcap caption", description=__doc__)
     parser.add_argument("--config", required=True, help="the training config (agents + environment)")
-    parser.add_argument("--checkpoint", help="weights; default the run's newest readable checkpoint")
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument("--checkpoint", help="weights; default the run's newest readable checkpoint")
+    weights.add_argument("--untrained", action="store_true",
+                         help="caption with untrained weights (without it, a run with no checkpoint is refused)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--manifest", help="a manifest of the environment's format (default: the test split)")
     source.add_argument("--audio", nargs="+", help="audio files (environments that take raw audio)")
     parser.add_argument("--out", default="captions.jsonl", help="JSONL output")
     parser.add_argument("--limit", type=int, default=None, help="caption at most this many items")
     args = parser.parse_args(argv)
+    inputs = {"--config": args.config, "--manifest": args.manifest, "--checkpoint": args.checkpoint,
+              "--audio file": args.audio}
+    check_output("agentcap caption", "--out", args.out, inputs)  # before any work: a wrong --out costs nothing
 
-    module = load_module(args.config, None)
-    checkpoint = args.checkpoint or latest_checkpoint(module.run_dir)
+    module = load_module(args.config, None, "agentcap caption")
+    checkpoint = None if args.untrained else args.checkpoint or latest_checkpoint(module.run_dir)
     if checkpoint is not None:
-        module = load_module(args.config, checkpoint)
+        module = load_module(args.config, checkpoint, "agentcap caption")
+    elif not args.untrained:
+        raise SystemExit(f"agentcap caption: no checkpoint in {module.run_dir} (train first: agentcap fit "
+                         f"--config {args.config}, or give --checkpoint; --untrained captions with untrained weights)")
     else:
-        print(f"agentcap caption: no checkpoint in {module.run_dir}; using untrained weights", file=sys.stderr)
+        print("agentcap caption: --untrained: using untrained weights", file=sys.stderr)
     split = "test" if module.env_config.test else "val"
     spec_kwargs = {**module.env_config.kwargs, **getattr(module.env_config, split)}
     on_error = spec_kwargs.get("on_error", "raise")
@@ -48,24 +59,43 @@ def caption_command(argv: list[str]) -> int:
     overrides: dict[str, Any] = {"on_error": "skip", "max_skip_fraction": 1.0}
     if args.manifest:
         overrides["manifest"] = args.manifest
-    out = Outcome(args.out, skipping=on_error == "skip")
+    check_output("agentcap caption", "--out", args.out,
+                 {"manifest": overrides.get("manifest", spec_kwargs.get("manifest")), "checkpoint": checkpoint})
     try:
         env = module.env_config.make(split, overrides).unwrapped
-    except ValueError as err:  # every row refused: still one error row, and a failed exit
-        out.close()
+    except NoUsableRows as err:  # every row refused: still one error row each, the reasons, a failed exit
+        with Outcome(args.out, skipping=on_error == "skip") as out:
+            for message, row_id in zip(err.report.skipped, err.report.ids):
+                out.refused(message, row_id)
+        print(f"agentcap caption: {err}", file=sys.stderr)
+        print(out.summary(), file=sys.stderr)
+        return 1
+    except ValueError as err:  # e.g. an empty manifest: nothing to write
         print(f"agentcap caption: {err}", file=sys.stderr)
         return 1
-    for message in env.skipped.skipped:
-        out.refused(message)
+    if args.audio and not hasattr(env, "item_from_audio"):
+        raise SystemExit(f"{module.env_config.id} does not take raw audio files; use --manifest")
+    with Outcome(args.out, skipping=on_error == "skip") as out:  # renamed onto --out when every item is done
+        for message, row_id in zip(env.skipped.skipped, env.skipped.ids):
+            out.refused(message, row_id)
+        caption_items(args, module, env, split, overrides, out)
+    print(out.summary(), file=sys.stderr)
+    print(os.path.abspath(args.out))
+    return 1 if out.counts["failed"] else 0
+
+
+def caption_items(args: argparse.Namespace, module: Any, env: Any, split: str, overrides: dict[str, Any],
+                  out: "Outcome") -> None:
+    """Caption the ``--audio`` files or the manifest's items, batch by batch, into ``out``."""
     if args.audio:
-        if not hasattr(env, "item_from_audio"):
-            raise SystemExit(f"{module.env_config.id} does not take raw audio files; use --manifest")
         items: list[dict[str, Any]] = []
         for path in args.audio:
             try:
                 items.append(env.item_from_audio(path))  # decodes and checks the file, as a manifest row
             except ManifestError as err:
                 out.failed({"id": os.path.basename(path), "audio": path}, err)
+        # the manifest's clips are counted when the env loads; these files are cut just the same
+        warn_truncation(items, getattr(env, "max_seconds", None), f"{type(env).__name__} --audio")
     else:
         items = list(env.items)
     items = items[: args.limit] if args.limit else items
@@ -76,10 +106,6 @@ def caption_command(argv: list[str]) -> int:
     with torch.no_grad():
         for chunk in env.caption_chunks(items, driver.generation_batch_size):
             caption_isolating(env, driver, chunk, out)
-    out.close()
-    print(out.summary(), file=sys.stderr)
-    print(os.path.abspath(args.out))
-    return 1 if out.counts["failed"] else 0
 
 
 def caption_isolating(env: Any, driver: Any, items: list[dict[str, Any]], out: "Outcome") -> None:
@@ -100,18 +126,17 @@ def caption_isolating(env: Any, driver: Any, items: list[dict[str, Any]], out: "
         out.captioned(row)
 
 
-class Outcome:
-    """Writes every result row as it is produced (flushed), and counts captioned / failed / skipped."""
+class Outcome(JsonlOutput):
+    """Writes every result row as it is produced (flushed, to ``<path>.partial`` until the run ends),
+    and counts captioned / failed / skipped."""
 
     def __init__(self, path: str, skipping: bool):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self.path, self.skipping = path, skipping
-        self.handle = open(path, "w", encoding="utf-8")
+        super().__init__(path)
+        self.skipping = skipping
         self.counts = {"captioned": 0, "failed": 0, "skipped": 0}
 
     def _write(self, row: dict[str, Any]) -> None:
-        self.handle.write(json.dumps(row) + "\n")
-        self.handle.flush()
+        self.write(row)
 
     def captioned(self, row: dict[str, Any]) -> None:
         self._write(row)
@@ -126,15 +151,12 @@ class Outcome:
         self.counts["failed"] += 1
         print(f"agentcap caption: failed: {message}", file=sys.stderr)
 
-    def refused(self, message: str) -> None:
+    def refused(self, message: str, row_id: Any = None) -> None:
         """A manifest row refused at load: skipped when the config says ``on_error: skip``, else failed."""
         kind = "skipped" if self.skipping else "failed"
-        self._write({"id": None, "where": message.split(": ", 1)[0], "caption": None, "error": message, kind: True})
+        self._write({"id": row_id, "where": message.split(": ", 1)[0], "caption": None, "error": message, kind: True})
         self.counts[kind] += 1
         print(f"agentcap caption: {kind}: {message}", file=sys.stderr)
-
-    def close(self) -> None:
-        self.handle.close()
 
     def summary(self) -> str:
         c = self.counts

@@ -37,10 +37,24 @@ class SkipReport:
 
     total: int = 0
     skipped: list[str] = field(default_factory=list)
+    #: The ``id`` of each refused row (None where the row has none), parallel to ``skipped``.
+    ids: list[Any] = field(default_factory=list)
 
     @property
     def fraction(self) -> float:
         return len(self.skipped) / max(self.total, 1)
+
+    def refuse(self, message: str, row_id: Any = None) -> None:
+        self.skipped.append(message)
+        self.ids.append(row_id)
+
+
+class NoUsableRows(ManifestError):
+    """Every row of a manifest was refused; ``report`` holds each reason and row id."""
+
+    def __init__(self, message: str, report: SkipReport):
+        super().__init__(message)
+        self.report = report
 
 
 def read_manifest(
@@ -66,9 +80,10 @@ def read_manifest(
     report = report if report is not None else SkipReport()
     key = _manifest_key(path, required, check, on_error, max_skip_fraction)
     if key is not None and key in _MANIFESTS:
-        rows, skipped, total = _MANIFESTS[key]
+        rows, skipped, ids, total = _MANIFESTS[key]
         report.total += total
         report.skipped.extend(skipped)
+        report.ids.extend(ids)
         return list(rows)
     before_total, before_skipped = report.total, len(report.skipped)
     rows = _read_rows(path, required, check, on_error, report)
@@ -78,13 +93,18 @@ def read_manifest(
             f"{path}: {len(report.skipped)} of {report.total} rows are unusable "
             f"(more than max_skip_fraction={max_skip_fraction}); first ones:\n  {shown}"
         )
+    refused = SkipReport(report.total - before_total, report.skipped[before_skipped:], report.ids[before_skipped:])
+    if not rows and refused.skipped:  # say why, not only that nothing is left
+        shown = "\n  ".join(refused.skipped[:5])
+        raise NoUsableRows(f"{path}: all {len(refused.skipped)} rows are refused; the first "
+                           f"{min(5, len(refused.skipped))}:\n  {shown}", refused)
     if key is not None:
-        _MANIFESTS[key] = (rows, report.skipped[before_skipped:], report.total - before_total)
+        _MANIFESTS[key] = (rows, refused.skipped, refused.ids, refused.total)
     return list(rows)
 
 
 #: Loaded manifests by (path, mtime, size, checks): see ``read_manifest``.
-_MANIFESTS: dict[tuple, tuple[list[dict[str, Any]], list[str], int]] = {}
+_MANIFESTS: dict[tuple, tuple[list[dict[str, Any]], list[str], list[Any], int]] = {}
 
 
 def _manifest_key(path, required, check, on_error, max_skip_fraction) -> tuple | None:
@@ -99,13 +119,15 @@ def _manifest_key(path, required, check, on_error, max_skip_fraction) -> tuple |
 
 def _read_rows(path, required, check, on_error, report: SkipReport) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
+    with open(path, "rb") as handle:  # bytes: one undecodable line must cost only that line
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
                 continue
             report.total += 1
             where = f"{path}:{number}"
+            row: Any = None
             try:
+                line = decode_line(raw, where)
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as err:
@@ -126,10 +148,30 @@ def _read_rows(path, required, check, on_error, report: SkipReport) -> list[dict
             except ManifestError as err:
                 if on_error == "raise":
                     raise
-                report.skipped.append(str(err))
+                report.refuse(str(err), _row_id(row, raw))
                 continue
             rows.append(row)
     return rows
+
+
+def decode_line(raw: bytes, where: str) -> str:
+    """One line of a UTF-8 text file; a bad byte is named with its 1-based column."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ManifestError(
+            f"{where}: not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})"
+        ) from None
+
+
+def _row_id(row: Any, raw: bytes) -> Any:
+    """The ``id`` of a refused row, so its error row can be matched; read past bad bytes if need be."""
+    if row is None:
+        try:
+            row = json.loads(raw.decode("utf-8", errors="replace"))
+        except json.JSONDecodeError:
+            return None
+    return row.get("id") if isinstance(row, dict) else None
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:
@@ -156,10 +198,11 @@ WAVEFORM_CACHE_SIZE = 128
 def load_audio(path: str, sample_rate: int, where: str = "", max_seconds: float | None = None) -> np.ndarray:
     """Mono float32 waveform at ``sample_rate``; any format soundfile reads (wav, flac, ogg, mp3).
 
-    Decoded (and resampled) once: the G rollouts of an item and every turn of an episode that
-    shows the audio again get a copy of the cached samples (a memcpy; Gymnasium wants every
-    observation to own its data), until the file changes or ``WAVEFORM_CACHE_SIZE`` newer clips
-    push it out.
+    Only the first ``max_seconds`` are decoded and resampled, so memory follows the kept length,
+    not the file's (a 2 GB WAV cut at 30 s took 8.7 GB when it was decoded whole). Decoded once:
+    the G rollouts of an item and every turn of an episode that shows the audio again get a copy of
+    the cached samples (a memcpy; Gymnasium wants every observation to own its data), until the
+    file changes or ``WAVEFORM_CACHE_SIZE`` newer clips push it out.
     """
     if not os.path.isfile(path):
         raise ManifestError(f"{where}: audio file {path!r} not found")
@@ -185,17 +228,33 @@ def _decode_audio(path: str, sample_rate: int, where: str, max_seconds: float | 
     if os.path.getsize(path) == 0:
         raise ManifestError(f"{where}: audio file {path!r} is empty")
     try:
-        wave, rate = soundfile.read(path, dtype="float32", always_2d=True)
+        with soundfile.SoundFile(path) as handle:  # read only the kept part: memory follows max_seconds
+            rate, header = handle.samplerate, handle.frames
+            wanted = header if max_seconds is None else min(header, _kept_frames(max_seconds, rate))
+            wave = handle.read(wanted, dtype="float32", always_2d=True)
     except Exception as err:  # soundfile raises its own LibsndfileError and RuntimeError kinds
         raise ManifestError(f"{where}: audio file {path!r} is corrupt or unsupported ({err})") from None
     if wave.shape[0] == 0:
         raise ManifestError(f"{where}: audio file {path!r} has no samples")
+    expected = min(header, int(max_seconds * rate)) if max_seconds is not None else header
+    if expected - wave.shape[0] > _allowance(expected, rate):
+        raise AudioDecodeError(
+            f"{where}: audio file {path!r} decodes to {wave.shape[0]} frames ({wave.shape[0] / rate:.3f} s) but "
+            f"its header says {header} ({header / rate:.3f} s): truncated or damaged; re-encode or drop it"
+        )
     mono = torch.from_numpy(wave.mean(axis=1))
+    del wave  # a multichannel file's frames are not needed past the mix
     if rate != sample_rate:
         mono = AF.resample(mono, rate, sample_rate)
     if max_seconds is not None:
         mono = mono[: int(max_seconds * sample_rate)]
-    return mono.numpy().astype(np.float32)
+    return mono.numpy().astype(np.float32, copy=False)
+
+
+def _kept_frames(max_seconds: float, rate: int) -> int:
+    """Frames read for ``max_seconds`` at ``rate``: the cut plus 20 ms, so the resampler's filter
+    sees the samples just past the cut as it did when the whole file was decoded."""
+    return int(max_seconds * rate) + rate // 50
 
 
 #: How far a decoded length may fall short of (or exceed) the header's: 2 % or 0.1 s, whichever is
@@ -207,18 +266,25 @@ class AudioDecodeError(ManifestError):
     """The audio file opens but does not decode to what its header promises (truncated, zero frames)."""
 
 
-def check_audio(row: dict[str, Any], field: str, where: str) -> float:
+def _allowance(frames: int, rate: float) -> float:
+    """How many frames a decoded length may be off ``frames`` (see ``DECODE_TOLERANCE``)."""
+    relative, seconds = DECODE_TOLERANCE
+    return max(relative * frames, seconds * rate)
+
+
+def check_audio(row: dict[str, Any], field: str, where: str, max_seconds: float | None = None) -> float:
     """Refuse a row whose audio is missing, empty, unreadable or does not decode; returns its duration.
 
     The duration is the *decoded* length: a truncated MP3's header still announces the whole clip,
-    and the duration curriculum must not believe it.
+    and the duration curriculum must not believe it. ``max_seconds``: the part ``load_audio`` will
+    keep, decoded in full (the rest is checked at its end only; see ``decoded_duration``).
     """
     path = resolve(row[field], row.get("_manifest"))
     if not os.path.isfile(path):
         raise ManifestError(f"{where}: field {field!r}: file {path!r} not found")
     if os.path.getsize(path) == 0:
         raise ManifestError(f"{where}: field {field!r}: file {path!r} is empty")
-    return decoded_duration(path, f"{where}: field {field!r}")
+    return decoded_duration(path, f"{where}: field {field!r}", max_seconds)
 
 
 def audio_duration(path: str, where: str = "") -> float:
@@ -232,28 +298,53 @@ def audio_duration(path: str, where: str = "") -> float:
     return float(info.frames) / float(info.samplerate)
 
 
-def decoded_duration(path: str, where: str = "") -> float:
-    """Decode the whole file and check its length against the header; returns seconds decoded."""
+def decoded_duration(path: str, where: str = "", max_seconds: float | None = None) -> float:
+    """Check that a file decodes to its header's length, in bounded memory; returns the seconds decoded.
+
+    The first ``max_seconds`` (what ``load_audio`` keeps; all of it when None) are decoded in full.
+    Of the rest only the stretch where the header says the file ends is decoded, after a seek: a
+    truncated file has nothing there, a whole one ends within ``DECODE_TOLERANCE`` of the header.
+    Memory is one block of frames whatever the file's length.
+    """
     import soundfile
 
+    at_most = False  # True: nothing decodes past the seek, so the file ends at or before it
     try:
-        info = soundfile.info(path)
-        frames = 0
-        with soundfile.SoundFile(path) as handle:  # read to the end: the header's count is not trusted
-            while block := len(handle.read(1 << 16, dtype="float32")):
-                frames += block
-    except Exception as err:
+        with soundfile.SoundFile(path) as handle:
+            rate, header = handle.samplerate, handle.frames
+            allowance = _allowance(header, rate)
+            limit = header + int(allowance) + 1  # a file that decodes this far is refused: stop there
+            head = header if max_seconds is None else min(header, _kept_frames(max_seconds, rate))
+            end = _decode_until(handle, head if head < header else limit)
+            if end == head < header:  # the kept part is whole; now where the header says it ends
+                start = max(head, header - int(allowance))
+                try:
+                    handle.seek(start)
+                except RuntimeError:  # libsndfile refuses a seek past what it can decode
+                    end, at_most = start, True
+                else:
+                    end = _decode_until(handle, limit)
+                    at_most = end == start
+    except Exception as err:  # soundfile raises its own LibsndfileError and RuntimeError kinds
         raise ManifestError(f"{where}: audio file {path!r} is unreadable ({err})") from None
-    rate = float(info.samplerate)
-    if frames == 0:
-        raise AudioDecodeError(f"{where}: audio file {path!r} has no audio frames (header: {info.frames} frames)")
-    relative, seconds = DECODE_TOLERANCE
-    if abs(frames - info.frames) > max(relative * info.frames, seconds * rate):
+    if end == 0:
+        raise AudioDecodeError(f"{where}: audio file {path!r} has no audio frames (header: {header} frames)")
+    if at_most or abs(end - header) > allowance:
         raise AudioDecodeError(
-            f"{where}: audio file {path!r} decodes to {frames} frames ({frames / rate:.3f} s) but its header "
-            f"says {info.frames} ({info.frames / rate:.3f} s): truncated or damaged; re-encode or drop it"
+            f"{where}: audio file {path!r} decodes to {'at most ' if at_most else ''}{end} frames "
+            f"({end / rate:.3f} s) but its header says {header} ({header / rate:.3f} s): truncated or damaged; "
+            f"re-encode or drop it"
         )
-    return frames / rate
+    return end / rate
+
+
+def _decode_until(handle: Any, stop: int, block: int = 1 << 16) -> int:
+    """Decode from the handle's position to frame ``stop`` or the end, a block at a time (the
+    samples are dropped); returns the frame reached."""
+    position = handle.tell()
+    while position < stop and (got := len(handle.read(min(block, stop - position), dtype="float32"))):
+        position += got
+    return position
 
 
 def check_duration(row: dict[str, Any], where: str) -> None:
