@@ -116,7 +116,7 @@ class ClozeCaptionEnv(CaptionEnv):
 
     def check_item(self, row: dict[str, Any], where: str) -> None:
         check_duration(row, where)
-        row.setdefault("duration", check_audio(row, "audio", where))  # a corrupt file fails here, at load
+        row.setdefault("duration", check_audio(row, "audio", where, self.max_seconds))  # a corrupt file fails here, at load
         if not row["caption"].strip():
             raise ManifestError(f"{where}: field 'caption' (the gold caption) is empty")
         if not row["cloze"]:
@@ -141,7 +141,7 @@ class ClozeCaptionEnv(CaptionEnv):
     def item_from_audio(self, path: str) -> dict[str, Any]:
         """An unlabelled item for inference on a raw audio file."""
         row = {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "cloze": [], "anchors": []}
-        row["duration"] = check_audio(row, "audio", path)  # a missing, empty or undecodable file is named here
+        row["duration"] = check_audio(row, "audio", path, self.max_seconds)  # a missing, empty or undecodable file is named here
         return row
 
     # --- episode ------------------------------------------------------------------------------

@@ -170,7 +170,7 @@ class EvidenceGameEnv(CaptionEnv):
 
     def check_item(self, row: dict[str, Any], where: str) -> None:
         check_duration(row, where)
-        row.setdefault("duration", check_audio(row, "audio", where))  # a corrupt file fails here, at load
+        row.setdefault("duration", check_audio(row, "audio", where, self.max_seconds))  # a corrupt file fails here, at load
         if not row["mcq"]:
             raise ManifestError(f"{where}: field 'mcq' (the gold MCQ bank) is empty")
         # the warm start's demonstrations read these; refuse them here, not as a bare KeyError there
@@ -191,7 +191,7 @@ class EvidenceGameEnv(CaptionEnv):
 
     def item_from_audio(self, path: str) -> dict[str, Any]:
         row = {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "mcq": []}
-        row["duration"] = check_audio(row, "audio", path)  # a missing, empty or undecodable file is named here
+        row["duration"] = check_audio(row, "audio", path, self.max_seconds)  # a missing, empty or undecodable file is named here
         return row
 
     # --- observations -------------------------------------------------------------------------
