@@ -22,10 +22,15 @@ from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 import agentcap.parallel.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn / grpo_fsdp)
 from agentcap.agents.agent import MissingWeightsError
+from agentcap.core.settings import ConfigError
 from agentcap.evaluation.table import results_table
-from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint
+from agentcap.parallel.signals import StopOnSignal, stop_on_signals
+from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint, usable_checkpoint
+from agentcap.resume.configs import config_paths, read_config
 from agentcap.resume.guard import changed_keys, move_aside
+from agentcap.resume.run_dir import RunLock, check_writable
 from agentcap.training.callbacks import SampleTable, TickStep
+from agentcap.training.finite import NonFiniteError
 from agentcap.training.module import GRPOModule
 
 #: Subcommands outside LightningCLI: name → ("module:function" taking argv, returning an exit code;
@@ -37,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "The papers' metrics (BLEU, METEOR, ROUGE-L, CIDEr, R@k/N, …) for a run or predictions."),
     "export": ("agentcap.commands.export:export_command", "Write each trained agent as a save_pretrained folder."),
     "plan": ("agentcap.commands.plan:plan_command", "Memory per rank and stage of a config, from config.json files alone."),
+    "data": ("agentcap.commands.data:data_command", "Convert public datasets to manifests (convert); build question banks (bank)."),
 }
 
 
@@ -86,6 +92,8 @@ class AgentcapCLI(LightningCLI):
             trainer["strategy"] = "grpo_" + trainer["strategy"]
         child_run_names(trainer.get("logger"), self.subcommand)
         _loggers_into_run_dir(trainer, self.run_config["model"]["run_dir"])
+        # before the module writes its vocabulary, or validate evaluates and then cannot save
+        check_writable(self.run_config["model"]["run_dir"], f"agentcap {self.subcommand}")
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -116,15 +124,27 @@ class AgentcapCLI(LightningCLI):
         print(results_table(summary, title=f"agentcap {self.subcommand}: {self.model.run_dir}", order=order))
         print(os.path.abspath(path))
 
+    _lock: RunLock | None = None
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        finally:  # also when fit fails: the next command (in this process too) may take the run_dir
+            if self._lock is not None:
+                self._lock.release()
+
     def before_fit(self) -> None:
-        self.log_config()
         kwargs = self.config_init[self.subcommand]
         run_dir, mode = self.model.run_dir, self.run_config.get("resume", "auto")
+        if self.trainer.is_global_zero:  # the process that trains owns the run_dir; other ranks are its own
+            self._lock = RunLock(run_dir).acquire()
+            if mode == "fresh" and kwargs.get("ckpt_path") is None:
+                move_aside(run_dir)  # before anything (a logger) writes the new run's files
+        self.log_config()
         if kwargs.get("ckpt_path") is not None:
+            kwargs["weights_only"] = True  # checked by _parse_ckpt_path
             return
         if mode == "fresh":
-            if self.trainer.is_global_zero:
-                move_aside(run_dir)
             return
         last = latest_checkpoint(run_dir)
         if last is None:
@@ -147,10 +167,22 @@ class AgentcapCLI(LightningCLI):
         """This command's config as ``config.yaml`` would hold it."""
         return yaml.safe_load(self._parser(self.subcommand).dump(self.run_config, skip_unset=False)) or {}
 
+    def _parse_ckpt_path(self) -> None:
+        """``--ckpt_path`` is checked before LightningCLI reads it: a URL is downloaded into the run_dir
+        (Lightning would load it with ``weights_only=False``), a file that would run code is refused in
+        one line; before_fit / _load_trained then tell the Trainer ``weights_only=True``."""
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand) if subcommand else None
+        if config is not None and config.get("ckpt_path"):
+            config["ckpt_path"] = usable_checkpoint(str(config["ckpt_path"]), config["model"]["run_dir"],
+                                                    "--ckpt_path", f"agentcap {subcommand}", lightning=True)
+        super()._parse_ckpt_path()
+
     def _load_trained(self) -> None:
         """validate / test / predict evaluate the run's newest checkpoint, never untrained weights."""
         kwargs = self.config_init[self.subcommand]
         if kwargs.get("ckpt_path") is not None:
+            kwargs["weights_only"] = True  # checked by _parse_ckpt_path
             return
         last = latest_checkpoint(self.model.run_dir)
         if last is None:
@@ -260,15 +292,21 @@ def main(argv: list[str] | None = None) -> None:
 
         module, function = COMMANDS[argv[0]][0].split(":")
         raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
+    for path in config_paths(argv):  # an empty file: one sentence, not LightningCLI's blank "Unexpected config"
+        read_config(path, "agentcap" + (f" {argv[0]}" if argv[0] in ("fit", "validate", "test", "predict") else ""))
     # `argv` becomes the command line LightningCLI reads (args=None: no "args and command line"
     # warning), and the one Lightning's DDP launcher re-runs for the other ranks
     program, sys.argv = sys.argv, [sys.argv[0], *argv]
     try:
-        AgentcapCLI(GRPOModule, datamodule_class=None, args=None, save_config_callback=RunConfig,
-                    save_config_kwargs={"overwrite": True})
+        with stop_on_signals():  # SIGTERM / SIGUSR1: save between ticks, exit 128 + signal (never 0)
+            AgentcapCLI(GRPOModule, datamodule_class=None, args=None, save_config_callback=RunConfig,
+                        save_config_kwargs={"overwrite": True}, trainer_defaults={"callbacks": [StopOnSignal()]})
     except MissingWeightsError as err:
         print(f"agentcap: {err}{_demo_hint(argv)}", file=sys.stderr)
         raise SystemExit(2) from None
+    except (ConfigError, NonFiniteError) as err:  # a setting out of range; a NaN / Inf that stopped the run
+        print(f"agentcap: {err}", file=sys.stderr)
+        raise SystemExit(2 if isinstance(err, ConfigError) else 1) from None
     finally:
         sys.argv = program
 

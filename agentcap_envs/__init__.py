@@ -10,6 +10,7 @@ BUILTIN = {
     "agentcap/ADClip-v0": "agentcap_envs.ad_clip:ADClipEnv",
     "agentcap/ClozeCaption-v0": "agentcap_envs.cloze_caption:ClozeCaptionEnv",
     "agentcap/EvidenceGame-v0": "agentcap_envs.evidence_game:EvidenceGameEnv",
+    "agentcap/TextRewards-v0": "agentcap_envs.text_rewards:TextRewardsEnv",
 }
 
 

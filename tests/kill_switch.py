@@ -16,3 +16,14 @@ class KillAtTick(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if pl_module.tick >= self.tick:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalAtTick(L.Callback):
+    """Sends its own process ``signum`` (a scheduler's SIGTERM / SIGUSR1) at a given schedule tick."""
+
+    def __init__(self, tick: int, signum: int = int(signal.SIGTERM)):
+        self.tick, self.signum = tick, signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if pl_module.tick == self.tick:
+            os.kill(os.getpid(), self.signum)

@@ -48,17 +48,19 @@ def test_wrong_type_is_refused(capsys):
     assert "group_size" in capsys.readouterr().err
 
 
-def test_group_size_must_divide_the_batch(tmp_path, toy_movie, make_read_config):
+def test_group_size_must_divide_the_batch(tmp_path, toy_movie, make_read_config, capsys):
     config = make_read_config(tmp_path, toy_movie, [{"name": "e", "kind": "evaluate", "split": "val"}])
-    with pytest.raises(ValueError, match=r"--model.group_size \(3\) must divide --model.rollout_batch_size \(8\)"):
+    with pytest.raises(SystemExit) as exit_info:  # a one-line refusal (ConfigError), exit 2
         main(["fit", "--config", str(config), "--model.group_size", "3"])
+    assert exit_info.value.code == 2
+    assert "--model.group_size (3) must divide --model.rollout_batch_size (8)" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # `agentcap fit` in a subprocess
 def test_paper_recipe_fails_fast_naming_the_demo():
     result = run_cli("fit", "--config", "configs/read.yaml")
     assert result.returncode == 2
-    assert "models/Qwen3-VL-8B-Instruct" in result.stderr
+    assert "Qwen/Qwen3-VL-8B-Instruct" in result.stderr
     assert "configs/demo/read.yaml" in result.stderr
 
 

@@ -18,6 +18,10 @@ def test_kwargs(env_id: str, toy_movie, toy_soundscapes) -> dict:
         "agentcap/ClozeCaption-v0": {"manifest": str(toy_soundscapes / "val.jsonl"), "prompt": "compact"},
         "agentcap/EvidenceGame-v0": {"manifest": str(toy_soundscapes / "val.jsonl"), "prompt": "compact",
                                      "budget": 2},
+        "agentcap/TextRewards-v0": {"items": [{"id": "q0", "prompt": "two plus two ?", "answer": "four"},
+                                              {"id": "q1", "prompt": "the sky is ?", "answer": "blue"}],
+                                    "reward_funcs": ["agentcap_envs.text_rewards:exact_match",
+                                                     "agentcap_envs.text_rewards:contains_answer"]},
     }
     assert env_id in table, f"{env_id} is registered but has no test arguments in tests/test_envs.py"
     return table[env_id]
@@ -52,7 +56,8 @@ def test_demonstrations_replay_as_episodes(env_id, toy_movie, toy_soundscapes):
             break
     assert terminated, "the demonstrations must finish an episode"
     # the gold targets earn the task's full accuracy-like component
-    gold = {"agentcap/ADClip-v0": "accuracy", "agentcap/ClozeCaption-v0": "esr", "agentcap/EvidenceGame-v0": "g2p_final"}
+    gold = {"agentcap/ADClip-v0": "accuracy", "agentcap/ClozeCaption-v0": "esr", "agentcap/EvidenceGame-v0": "g2p_final",
+            "agentcap/TextRewards-v0": "exact_match"}
     if env_id in gold:
         assert info["rewards"][gold[env_id]] == pytest.approx(1.0), info["rewards"]
 

@@ -25,11 +25,13 @@ from agentcap.agents.backends.build import build_backend
 from agentcap.agents.checkpointing import enable_gradient_checkpointing
 from agentcap.agents.families import FAMILIES, Family, Observation
 from agentcap.agents.generation import Generation
+from agentcap.agents.hub import MissingWeightsError, resolve_model
 from agentcap.agents.logprobs import chosen_logprobs, head_removed, logits_logprobs, plain_head
 from agentcap.agents.tiny import build_tiny
 from agentcap.agents.tokenizer import build_word_tokenizer, saved_word_tokenizer
 from agentcap.agents.tokens import pad_right, trim_after_eos  # noqa: F401  (trim_after_eos: re-exported)
 from agentcap.agents.toy import ToyConfig, ToyMediaLM
+from agentcap.core.settings import ConfigError, check
 
 
 @dataclass
@@ -37,11 +39,12 @@ class AgentConfig:
     """How to build one agent. Exactly one of ``model`` (a local path), ``toy`` or ``tiny``.
 
     Args:
-        model: local folder of a Hugging Face model (or of a saved toy model).
+        model: local folder of a Hugging Face model (or of a saved toy model), or a Hub id
+            (``org/name``, ``@revision`` optional) read from the HF cache (``agentcap.agents.hub``).
         family: how observations become model inputs; ``auto`` reads the model's config.
         toy: fields of :class:`agentcap.agents.toy.ToyConfig` for the offline demo's media LM.
         tiny: an HF config (``model_type`` plus fields) to build a tiny random model, for tests.
-        tokenizer: local tokenizer / processor folder; defaults to ``model``.
+        tokenizer: local tokenizer / processor folder or Hub id; defaults to ``model``.
         build_tokenizer_from: text files whose words form a word-level tokenizer (offline demos).
         max_new_tokens: generation budget per action.
         temperature: sampling temperature; log-probs are taken at the same temperature.
@@ -91,6 +94,27 @@ class AgentConfig:
             if unknown:
                 raise ValueError(f"vllm: unknown option(s) {unknown}; known: {sorted(known)}")
             self.vllm = VLLMOptions(**self.vllm)
+
+    def check(self, role: str) -> None:
+        """Refuse a numeric field outside its range, before any weights load (``ConfigError``
+        naming ``--model.agents.<role>.<field>``)."""
+        key = f"--model.agents.{role}"
+        check(f"{key}.max_new_tokens", self.max_new_tokens, "≥ 1")
+        check(f"{key}.temperature", self.temperature, "> 0",
+              " (rollouts sample at this temperature and log-probs divide the logits by it, so 0 is not greedy "
+              "here: GRPO needs sampling; greedy decoding is an evaluate stage's `greedy: true`, the default)")
+        check(f"{key}.top_p", self.top_p, "in (0, 1]")
+        check(f"{key}.lr", self.lr, "> 0")
+        check(f"{key}.vllm.gpu_memory_utilization", self.vllm.gpu_memory_utilization, "in (0, 1]")
+        check(f"{key}.vllm.tensor_parallel_size", self.vllm.tensor_parallel_size, "≥ 1")
+        check(f"{key}.vllm.max_model_len", self.vllm.max_model_len, "≥ 1")
+        check(f"{key}.vllm.seed", self.vllm.seed, "≥ 0")
+        if self.peft is not None:
+            check(f"{key}.peft.r", self.peft.r, "≥ 1")
+            check(f"{key}.peft.alpha", self.peft.alpha, "> 0")
+            if self.peft.dropout != 0:
+                raise ConfigError(f"{key}.peft.dropout must be 0 (agents run in eval mode, so LoRA dropout "
+                                  f"would never act), got {self.peft.dropout!r}")
 
 
 class Agent(nn.Module):
@@ -271,10 +295,6 @@ class Agent(nn.Module):
 
 
 # --- building agents from configs -------------------------------------------------------------
-class MissingWeightsError(FileNotFoundError):
-    """A paper recipe points at weights this machine does not have."""
-
-
 def build_agent(
     name: str, config: AgentConfig, extra_texts: Sequence[str] = (), demo_hint: str = "configs/demo/",
     vocabulary: str | None = None,
@@ -285,6 +305,7 @@ def build_agent(
     passes the environment's prompts and demonstrations, so every prompt word has an id);
     ``vocabulary`` is where that word list is saved and, once saved, reused instead.
     """
+    config.check(name)
     dtype = getattr(torch, config.dtype)
     processor = None
     sources = [x for x in (config.model, config.toy, config.tiny) if x is not None]
@@ -310,11 +331,11 @@ def build_agent(
         model, family = _tiny_model(config.tiny), config.family
         family = _guess_family(model.config) if family == "auto" else family
     else:
-        path = config.model
+        path = resolve_model(config.model, f"agents.{name}.model")  # a Hub id: its cached snapshot
         if not os.path.isdir(path):
             raise MissingWeightsError(
-                f"agents.{name}.model: {path!r} is not a local folder. agentcap loads weights from disk "
-                f"only; download them first, or run an offline demo recipe from {demo_hint} "
+                f"agents.{name}.model: {path!r} is neither a local folder nor a Hub id (org/name). Give "
+                f"a model folder or a Hub id, or run an offline demo recipe from {demo_hint} "
                 "(e.g. `agentcap fit --config configs/demo/read.yaml`)."
             )
         if os.path.isfile(os.path.join(path, "toy_config.json")):
@@ -326,7 +347,8 @@ def build_agent(
                 from transformers import AutoProcessor
 
                 processor = AutoProcessor.from_pretrained(
-                    config.tokenizer or path, trust_remote_code=config.trust_remote_code
+                    resolve_model(config.tokenizer, f"agents.{name}.tokenizer") or path,
+                    trust_remote_code=config.trust_remote_code
                 )
                 tokenizer = processor.tokenizer
     model = model.to(dtype)
@@ -348,7 +370,7 @@ def build_agent(
         share_prompts=config.share_prompts,
     )
     if config.backend != "hf":
-        agent.use_backend(config.backend, config.vllm, config.model)
+        agent.use_backend(config.backend, config.vllm, resolve_model(config.model, f"agents.{name}.model"))
     return agent
 
 
@@ -357,6 +379,8 @@ def build_agents(
 ) -> dict[str, Agent]:
     """Every configured agent, in config order; a ``share_base_with`` role reuses that role's model
     (and tokenizer). ``vocabulary(name)``: where a word-level tokenizer's vocabulary is saved."""
+    for name, config in configs.items():  # every role's settings before the first weights load
+        config.check(name)
     built: dict[str, Agent] = {}
     for name, config in configs.items():
         if config.share_base_with is None:
@@ -416,6 +440,7 @@ def _load_tokenizer(name: str, config: AgentConfig, extra_texts: Sequence[str] =
     source = config.tokenizer or config.model
     if source is None:
         return None
+    source = resolve_model(source, f"agents.{name}.{'tokenizer' if config.tokenizer else 'model'}")
     if not os.path.isdir(source):
         return None  # reported by the model branch with the demo hint
     from transformers import AutoTokenizer

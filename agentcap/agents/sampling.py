@@ -30,6 +30,11 @@ class RowSampler:
     """
 
     def __init__(self, seeds: Sequence[int], temperature: float = 1.0, top_p: float = 1.0):
+        # logits are divided by the temperature: 0 would make every logit ±inf or NaN, not greedy
+        if not temperature > 0 or temperature == float("inf"):
+            raise ValueError(f"RowSampler: temperature must be > 0 and finite, got {temperature!r} (greedy: do not sample)")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"RowSampler: top_p must be in (0, 1], got {top_p!r}")
         self.seeds = list(seeds)
         self.temperature, self.top_p = temperature, top_p
         self._generators: list[torch.Generator] | None = None

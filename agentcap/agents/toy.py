@@ -22,6 +22,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from agentcap.agents.prefix import shared_prompt_cache
 
 LOG_MEL_SHIFT, LOG_MEL_SCALE = 5.5, 2.0
+#: The observation media field each encoder reads; a row without it is text only.
+MEDIA_KEYS = {"features": "features", "audio": "waveform"}
 
 
 @dataclass
@@ -88,15 +90,30 @@ class ToyMediaLM(nn.Module):
 
     # --- media ----------------------------------------------------------------------------------
     def encode_media(self, media: list[dict]) -> list[torch.Tensor]:
-        """One [P_i, H] prefix per row (P_i = 0 for a text-only model), encoded in one batch."""
+        """One [P_i, H] prefix per row, encoded in one batch.
+
+        A row whose media lack this model's input (a text-only task: ``media == {}``) gets P_i = 0,
+        so the default toy agent (``media: features``) trains on prompt text alone.
+        """
         device = self.lm.get_input_embeddings().weight.device
-        if self.config.media == "none":
-            return [torch.zeros(0, self.config.hidden_size, device=device) for _ in media]
-        if self.config.media == "features":
-            feats = [torch.as_tensor(m["features"], dtype=torch.float32) for m in media]  # [frames_i, D]
-            lengths = [f.shape[0] for f in feats]
-            z = self.encoder(nn.utils.rnn.pad_sequence(feats, batch_first=True).to(device))  # [B, F, H]
-            return [z[i, :n] for i, n in enumerate(lengths)]
+        prefixes = [torch.zeros(0, self.config.hidden_size, device=device) for _ in media]
+        key = MEDIA_KEYS.get(self.config.media)
+        rows = [i for i, m in enumerate(media) if key is not None and key in m]
+        if rows:
+            encode = self._encode_features if self.config.media == "features" else self._encode_audio
+            for i, prefix in zip(rows, encode([media[i] for i in rows])):
+                prefixes[i] = prefix
+        return prefixes
+
+    def _encode_features(self, media: list[dict]) -> list[torch.Tensor]:
+        device = self.lm.get_input_embeddings().weight.device
+        feats = [torch.as_tensor(m["features"], dtype=torch.float32) for m in media]  # [frames_i, D]
+        lengths = [f.shape[0] for f in feats]
+        z = self.encoder(nn.utils.rnn.pad_sequence(feats, batch_first=True).to(device))  # [B, F, H]
+        return [z[i, :n] for i, n in enumerate(lengths)]
+
+    def _encode_audio(self, media: list[dict]) -> list[torch.Tensor]:
+        device = self.lm.get_input_embeddings().weight.device
         # the mel front end runs per clip (its edge padding must not see a neighbour's zeros); the
         # encoder runs on the zero-padded batch, which equals per-clip zero padding of its convolutions
         mels = [self.log_mel(torch.as_tensor(m["waveform"], dtype=torch.float32, device=device)) for m in media]

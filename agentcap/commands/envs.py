@@ -1,9 +1,20 @@
-"""``agentcap envs``: the registered agentcap environments, one line each."""
+"""``agentcap envs [PATTERN …]``: the registered agentcap environments, one line each.
+
+Without a pattern: the built-in ``agentcap/`` ids and those of installed plugins (the
+``gymnasium.envs`` entry point). A pattern selects ids by ``fnmatch`` (``agentcap/*-v0``) or by
+substring, case-insensitively; ``module:PATTERN`` (or a bare name that is an importable, non-stdlib
+module: ``agentcap envs mytask``) imports that module first, so the ids it registers are listed.
+Only the listed environments are imported (for their docstrings), never Gymnasium's own.
+"""
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import importlib
+import importlib.util
 import inspect
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -13,19 +24,50 @@ from agentcap.core.registry import load_env_plugins
 
 
 def envs_command(argv: list[str]) -> int:
-    """``agentcap envs``: every registered agentcap environment, one line each."""
-    parser = argparse.ArgumentParser(prog="agentcap envs", description="List the registered agentcap environments.")
-    parser.add_argument("modules", nargs="*", help="modules to import first (they register their own envs, also listed)")
-    modules = parser.parse_args(argv).modules
+    """``agentcap envs``: the matching registered environments, one line each (see module docstring)."""
+    parser = argparse.ArgumentParser(prog="agentcap envs", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("patterns", nargs="*", help="fnmatch pattern or substring of an id; module:PATTERN "
+                        "imports module first")
+    patterns = parser.parse_args(argv).patterns
+    gymnasium_own = set(gym.registry)  # registered when gymnasium was imported: never listed unasked
     load_env_plugins()
-    for module in modules:
-        __import__(module)
-    for env_id, spec in sorted(gym.registry.items()):
+    wanted = [_import_for(pattern) for pattern in patterns]
+    if wanted:
+        chosen = [i for i in gym.registry if any(_matches(i, p) for p in wanted)]
+    else:
+        chosen = [i for i in gym.registry if i.startswith("agentcap/") or i not in gymnasium_own]
+    if not chosen:
+        print(f"agentcap envs: no registered id matches {' '.join(patterns)!r}; `agentcap envs` lists "
+              f"agentcap's", file=sys.stderr)
+        return 1
+    for env_id in sorted(chosen):
+        spec = gym.registry[env_id]
         entry = spec.entry_point if isinstance(spec.entry_point, str) else spec.entry_point.__module__
-        if env_id.startswith("agentcap/") or modules:
-            summary = _first_doc_line(spec)
-            print(f"{env_id:32s} {entry:48s} {summary}")
+        print(f"{env_id:32s} {entry:48s} {_first_doc_line(spec)}")
     return 0
+
+
+def _import_for(pattern: str) -> str:
+    """Import the module a pattern names (``module:PATTERN``, or a bare importable package name) and
+    return the pattern to match ids against."""
+    module, _, rest = pattern.rpartition(":")
+    if module:
+        importlib.import_module(module)
+        return rest or "*"
+    top = pattern.split(".")[0]
+    if pattern.replace(".", "").replace("_", "").isalnum() and top not in sys.stdlib_module_names:
+        try:
+            if importlib.util.find_spec(pattern) is not None:
+                importlib.import_module(pattern)  # it registers its own environments
+        except (ImportError, ValueError):
+            pass  # not a module: only a pattern
+    return pattern
+
+
+def _matches(env_id: str, pattern: str) -> bool:
+    env_id, pattern = env_id.lower(), pattern.lower()
+    return pattern in env_id or fnmatch.fnmatchcase(env_id, pattern)
 
 
 def _first_doc_line(spec: Any) -> str:

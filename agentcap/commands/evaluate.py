@@ -18,14 +18,16 @@ import os
 import sys
 from typing import Any
 
-import gymnasium as gym
 import torch
 
-from agentcap.core.registry import load_env_plugins
+from agentcap.commands.outputs import JsonlOutput, check_output
+from agentcap.core.manifests import ManifestError, decode_line
+from agentcap.core.registry import UnknownEnvError, make_env
 from agentcap.evaluation.captioning import CaptionMetrics, warn
 from agentcap.evaluation.rollouts import write_summary
 from agentcap.evaluation.table import results_table
-from agentcap.evaluation.tasks import task_metrics
+from agentcap.evaluation.skipped import skipped_metrics
+from agentcap.evaluation.tasks import MissingReferenceError, check_references, reference_field, task_metrics
 from agentcap.resume.loading import env_config_of, trained_module
 from agentcap.rollout.driver import RolloutDriver
 
@@ -48,6 +50,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stage", default="evaluate", help="the summary.json entry to write (default: evaluate)")
     p.add_argument("--no-meteor", action="store_true", help="skip METEOR (saves its ~12 s JVM start)")
     p.add_argument("--out", help="also write the captions with their references here (JSONL)")
+    p.add_argument("--benchmark", help="a benchmark manifest (MMAU / MMAR / MMSU rows, docs/data.md): caption its "
+                   "clips with --run / --config, let --judge answer from the captions; --out is then a folder")
+    p.add_argument("--judge", help="--benchmark's text-only judge: rule, a model folder, URL#MODEL or JSON "
+                   "{url, model}")
+    p.add_argument("--ad-eval", help="READ's LLM-AD-Eval with this served judge: URL#MODEL or JSON {url, model}")
     return p
 
 
@@ -55,12 +62,15 @@ def read_predictions(path: str) -> list[dict[str, Any]]:
     if not os.path.isfile(path):
         raise SystemExit(f"agentcap evaluate: --predictions {path!r} not found")
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
                 continue
             try:
+                line = decode_line(raw, f"{path}:{number}")
                 row = json.loads(line)
+            except ManifestError as err:
+                raise SystemExit(f"agentcap evaluate: {err}") from None
             except json.JSONDecodeError as err:
                 raise SystemExit(f"agentcap evaluate: {path}:{number}: not valid JSON ({err.msg})") from None
             if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("caption"), str):
@@ -82,28 +92,42 @@ def match(items: list[dict[str, Any]], rows: list[dict[str, Any]], where: str) -
 
 def evaluate_command(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if args.benchmark:
+        return benchmark_command(args)
     if args.env and not (args.manifest and args.predictions):
         raise SystemExit("agentcap evaluate: --env needs --manifest and --predictions")
     config = os.path.join(args.run, "config.yaml") if args.run else args.config
     if args.run and not os.path.isfile(config):
         raise SystemExit(f"agentcap evaluate: --run {args.run!r}: no config.yaml there (is it a run directory?)")
+    if args.out:  # before anything is computed: a wrong --out must not cost the metrics
+        check_output("agentcap evaluate", "--out", args.out, {
+            "--predictions": args.predictions, "--manifest": args.manifest, "config": config,
+            "--checkpoint": args.checkpoint, "run summary": args.run and os.path.join(args.run, "summary.json")})
     overrides = {"manifest": args.manifest} if args.manifest else None
     module = None
     if args.env:
-        load_env_plugins()
-        env = gym.make(args.env, manifest=args.manifest, **json.loads(args.env_kwargs)).unwrapped
+        try:
+            env = make_env(args.env, {"manifest": args.manifest, **json.loads(args.env_kwargs)}, "--env").unwrapped
+        except UnknownEnvError as err:
+            raise SystemExit(f"agentcap evaluate: {err}") from None
         order: list[str] = []
     else:
         spec, stages = env_config_of(config)
         split = args.split if getattr(spec, args.split) or overrides else "val"
         env = spec.make(split, overrides).unwrapped
         order = stages
+    if args.out:
+        check_output("agentcap evaluate", "--out", args.out, {"manifest": env.manifest})
     if args.predictions:
         rows = read_predictions(args.predictions)[: args.limit]
         where = args.predictions
     else:
-        module = trained_module(config, args.checkpoint)
         items = env.items[: args.limit] if args.limit else env.items
+        try:  # before any weights load or caption is made: without references nothing can be scored
+            check_references(env, items)
+        except MissingReferenceError as err:
+            raise SystemExit(f"agentcap evaluate: {err}") from None
+        module = trained_module(config, args.checkpoint)
         driver = RolloutDriver(lambda: module.env_config.make(split, overrides, defer_scoring=True), module.agents)
         with torch.no_grad():
             rows = env.caption(driver, items)
@@ -111,11 +135,16 @@ def evaluate_command(argv: list[str]) -> int:
     items = match(env.items, rows, where)
     with CaptionMetrics(meteor=False if args.no_meteor else None) as captioning:
         warn(captioning.notes)
-        result = task_metrics(env, items, rows, captioning)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
+        try:
+            result = task_metrics(env, items, rows, captioning)
+        except MissingReferenceError as err:
+            raise SystemExit(f"agentcap evaluate: {err}") from None
+    result.update(ad_eval_metrics(args.ad_eval, env, items, rows))
+    result.update(skipped_metrics(env, result, args.no_meteor))
+    if args.out:  # written to <out>.partial, renamed when complete
+        with JsonlOutput(args.out) as out:
             for row, item in zip(rows, items):
-                handle.write(json.dumps({**row, "reference": item.get(getattr(env, "reference_field", "caption"))}) + "\n")
+                out.write({**row, "reference": item.get(getattr(env, "reference_field", "caption"))})
     summary = {args.stage: result}
     run_dir = args.run or (module.run_dir if module is not None else None)
     if run_dir:
@@ -125,3 +154,116 @@ def evaluate_command(argv: list[str]) -> int:
         print(os.path.abspath(path), file=sys.stderr)
     print(results_table(summary, title=f"agentcap evaluate: {len(rows)} items", order=[*order, args.stage]))
     return 0
+
+
+# --- READ's LLM-AD-Eval and the caption-as-evidence benchmarks --------------------------------------
+def ad_eval_metrics(spec: str | None, env: Any, items: list[dict[str, Any]],
+                    rows: list[dict[str, Any]]) -> dict[str, float]:
+    """LLM-AD-Eval of an AD task with the ``--ad-eval`` judge, or else with the config's served coherence
+    scorer's server; each row gets its score and the judge's reply (``--out``). None of them: ``{}``."""
+    from agentcap.evaluation.ad_eval import llm_ad_eval
+    from agentcap.evaluation.benchmark import parse_judge_spec
+    from agentcap.judges.served import served_judge_client
+
+    if reference_field(env) != "ad":
+        if spec:
+            raise SystemExit(f"agentcap evaluate: --ad-eval scores audio descriptions; "
+                             f"{type(env).__name__} writes none")
+        return {}
+    if spec:
+        judge = parse_judge_spec(spec, "--ad-eval")
+        if not isinstance(judge, dict):
+            raise SystemExit(f"agentcap evaluate: --ad-eval needs a served judge (URL#MODEL or JSON), got {spec!r}")
+        client = served_judge_client(judge, "--ad-eval")
+    else:
+        client = getattr(getattr(env, "scorer", None), "client", None)  # a served coherence scorer's server
+        if client is None:
+            return {}
+    summary, scored = llm_ad_eval(client, [str(r.get("caption") or "") for r in rows],
+                                  [str(i[reference_field(env)]) for i in items])
+    for row, values in zip(rows, scored):
+        row.update(values)
+    return summary
+
+
+def benchmark_command(args: argparse.Namespace) -> int:
+    """``--benchmark``: caption-as-evidence accuracy (``agentcap.evaluation.benchmark``)."""
+    import yaml
+
+    from agentcap.evaluation.benchmark import (
+        benchmark_table, build_benchmark_judge, captioner_identity, evaluate_benchmark, parse_judge_spec,
+        read_benchmark,
+    )
+    from agentcap.resume.checkpoints import TickCheckpoint
+
+    if not (args.run or args.config):
+        raise SystemExit("agentcap evaluate: --benchmark needs --run RUN_DIR or --config CONFIG (the captioner)")
+    if not args.judge:
+        raise SystemExit("agentcap evaluate: --benchmark needs --judge (rule, a model folder, URL#MODEL or JSON)")
+    config = os.path.join(args.run, "config.yaml") if args.run else args.config
+    if not os.path.isfile(config):
+        raise SystemExit(f"agentcap evaluate: config {config!r} not found (is --run a run directory?)")
+    try:
+        rows = read_benchmark(args.benchmark)
+        judge = build_benchmark_judge(parse_judge_spec(args.judge))
+    except ValueError as err:  # ManifestError included: it names file, line and field
+        raise SystemExit(f"agentcap evaluate: {err}") from None
+    rows = rows[: args.limit] if args.limit else rows
+    with open(config, encoding="utf-8") as handle:
+        run_dir = ((yaml.safe_load(handle) or {}).get("model") or {}).get("run_dir") or args.run or "."
+    checkpoint = args.checkpoint or TickCheckpoint.path(run_dir)
+    if args.checkpoint and not os.path.isfile(args.checkpoint):
+        raise SystemExit(f"agentcap evaluate: --checkpoint {args.checkpoint!r} not found")
+    name = os.path.splitext(os.path.basename(args.benchmark))[0]
+    out_dir = args.out or os.path.join(run_dir, "benchmarks", name)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # before any captioning
+        raise SystemExit(f"agentcap evaluate: --benchmark writes a folder; --out {out_dir!r} is a file")
+
+    def captioner(clips: list[str]) -> dict[str, dict[str, Any]]:
+        return caption_clips(config, args.checkpoint, clips)
+
+    summary = evaluate_benchmark(rows, captioner, captioner_identity(config, checkpoint), judge, out_dir)
+    print(os.path.abspath(os.path.join(out_dir, "benchmark_summary.json")), file=sys.stderr)
+    print(benchmark_table(summary, title=f"agentcap evaluate --benchmark {args.benchmark}: {len(rows)} questions"))
+    return 0
+
+
+def caption_clips(config: str, checkpoint: str | None, clips: list[str]) -> dict[str, dict[str, Any]]:
+    """Caption raw audio files as ``agentcap caption --audio`` does (the task's own inference, one
+    unusable file costing only its own result): ``{path: {"caption"} or {"error"}}``."""
+    from agentcap.commands.caption import caption_isolating
+
+    module = trained_module(config, checkpoint)
+    split = "test" if module.env_config.test else "val"
+    overrides: dict[str, Any] = {"on_error": "skip", "max_skip_fraction": 1.0}
+    env = module.env_config.make(split, overrides).unwrapped
+    if not hasattr(env, "item_from_audio"):
+        raise SystemExit(f"agentcap evaluate: {module.env_config.id} does not caption raw audio files")
+    results: dict[str, dict[str, Any]] = {}
+    items = []
+    for path in clips:
+        try:
+            items.append({**env.item_from_audio(path), "id": path})  # the path: unique, unlike its basename
+        except ManifestError as err:  # missing, empty or undecodable: named by path
+            results[path] = {"error": str(err)}
+    collect = _Collected(results)
+    driver = RolloutDriver(lambda: module.env_config.make(split, overrides, defer_scoring=True), module.agents,
+                           generation_batch_size=module.generation_batch_size)
+    with torch.no_grad():
+        for chunk in env.caption_chunks(items, driver.generation_batch_size):
+            caption_isolating(env, driver, chunk, collect)
+    return results
+
+
+class _Collected:
+    """What ``caption_isolating`` reports, kept by clip path."""
+
+    def __init__(self, results: dict[str, dict[str, Any]]):
+        self.results = results
+
+    def captioned(self, row: dict[str, Any]) -> None:
+        self.results[row["id"]] = {"caption": row["caption"]}
+
+    def failed(self, item: dict[str, Any], err: BaseException) -> None:
+        self.results[item["id"]] = {"error": f"{type(err).__name__}: {err}"}
+

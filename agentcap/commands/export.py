@@ -22,7 +22,8 @@ import sys
 
 import torch
 
-from agentcap.resume.checkpoints import TickCheckpoint
+from agentcap.commands.outputs import check_output
+from agentcap.resume.checkpoints import TickCheckpoint, usable_checkpoint
 from agentcap.resume.loading import load_module
 
 
@@ -81,13 +82,15 @@ def export_command(argv: list[str]) -> int:
                         help="merge LoRA adapters into their base (default) or keep them separate")
     parser.add_argument("--agents", nargs="+", help="roles to export (default: every role the schedule trains)")
     args = parser.parse_args(argv)
+    check_output("agentcap export", "--out", args.out, {"--config": args.config, "--checkpoint": args.checkpoint},
+                 folder=True)
 
-
-    module = load_module(args.config, None)
+    module = load_module(args.config, None, "agentcap export")
     checkpoint = args.checkpoint or TickCheckpoint.path(module.run_dir)
-    if not os.path.isfile(checkpoint):
+    if "://" not in checkpoint and not os.path.isfile(checkpoint):
         raise SystemExit(f"agentcap export: no checkpoint at {checkpoint} (train first: agentcap fit --config {args.config})")
-    module.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
+    path = usable_checkpoint(checkpoint, module.run_dir, "--checkpoint", "agentcap export")  # URL, code refused
+    module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True)["state_dict"])
     roles = args.agents or trained_roles(module)
     unknown = sorted(set(roles) - set(module.agents))
     if unknown:

@@ -31,7 +31,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
+from agentcap.agents.hub import MissingWeightsError, is_hub_id, resolve_model
+from agentcap.resume.configs import read_config
 
 GIB = 1024**3
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -124,6 +125,15 @@ def model_size(folder: str, where: str) -> ModelSize:
     return size
 
 
+def model_folder(root: str, model: str, where: str) -> str:
+    """``<root>/<model>`` when it holds a config.json stand-in, else a Hub id's folder in the HF cache
+    (only its ``config.json`` is fetched; offline, a missing one raises naming the id and the cache)."""
+    local = os.path.join(root, model)
+    if os.path.isfile(os.path.join(local, "config.json")) or not is_hub_id(model):
+        return local
+    return resolve_model(model, where, file="config.json")
+
+
 def lora_params(size: ModelSize, peft: dict[str, Any]) -> int:
     """Adapter parameters: r × (in + out) for every targeted linear of every text layer."""
     r = int(peft.get("r", peft.get("rank", 8)))
@@ -148,14 +158,18 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
     for role, cfg in agents.items():
         if not cfg.get("model"):
             raise ValueError(f"agents.{role}: `agentcap plan` needs a model folder (got toy / tiny)")
-        sizes[role] = model_size(os.path.join(root, cfg["model"]), f"agents.{role}.model")
+        sizes[role] = model_size(model_folder(root, cfg["model"], f"agents.{role}.model"), f"agents.{role}.model")
         owners[role] = cfg.get("share_base_with") or role
     judges: dict[str, ModelSize] = {}
     replicated: set[str] = set()  # the coherence scorer is not sharded
     for key in JUDGE_KEYS:
         value = ((model.get("env") or {}).get("kwargs") or {}).get(key)
-        if isinstance(value, str) and value not in judges and os.path.isfile(os.path.join(root, value, "config.json")):
-            judges[value] = model_size(os.path.join(root, value), f"model.env.kwargs.{key}")
+        try:  # a judge that is neither a stand-in nor a cached id is served or a rule: not counted
+            folder = model_folder(root, value, f"model.env.kwargs.{key}") if isinstance(value, str) else None
+        except MissingWeightsError:
+            folder = None
+        if folder and value not in judges and os.path.isfile(os.path.join(folder, "config.json")):
+            judges[value] = model_size(folder, f"model.env.kwargs.{key}")
             if key == "scorer":
                 replicated.add(value)
     # bf16; examiners are sharded with the agents
@@ -242,14 +256,14 @@ def table(rows: list[dict[str, Any]]) -> str:
 def plan_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agentcap plan", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the fit config (YAML)")
-    parser.add_argument("--root", default=".", help="folder that model paths in the config are relative to")
+    parser.add_argument("--root", default=".", help="folder that model paths in the config are relative to; "
+                        "a Hub id (org/name) not found there is read from the HF cache (config.json only)")
     parser.add_argument("--device-memory", type=float, default=141.0, help="GiB per device (default: H200, 141)")
     parser.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length assumed per row (media included)")
     parser.add_argument("--world", type=int, default=None, help="processes (default: trainer.devices × num_nodes)")
     parser.add_argument("--dtype", choices=sorted(BYTES), default=None, help="override every agent's dtype")
     args = parser.parse_args(argv)
-    with open(args.config, encoding="utf-8") as handle:
-        config = yaml.safe_load(handle)
+    config = read_config(args.config, "agentcap plan")
     if args.dtype:
         for cfg in ((config.get("model") or {}).get("agents") or {}).values():
             cfg["dtype"] = args.dtype

@@ -19,6 +19,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from agentcap.core.hf_datasets import DatasetSource, dataset_rows, parse_source
+from agentcap.core.hf_datasets import stamp as dataset_stamp
+
 
 class ManifestError(ValueError):
     """A manifest row, or a file it points to, is unusable. The message names file, row and field."""
@@ -65,7 +68,9 @@ def read_manifest(
     max_skip_fraction: float = 0.1,
     report: SkipReport | None = None,
 ) -> list[dict[str, Any]]:
-    """Read a JSONL manifest; each row is checked for ``required`` fields and by ``check``.
+    """Read a JSONL manifest or a Hugging Face dataset (``agentcap.core.hf_datasets``: ``hf://org/name``,
+    a save_to_disk folder, parquet / json / csv files); each row is checked for ``required`` fields
+    and by ``check``.
 
     Loaded once per process and manifest version: a rollout pool builds one environment per
     trajectory, and each would otherwise re-read and re-validate every row (and probe every media
@@ -75,10 +80,14 @@ def read_manifest(
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    if not os.path.isfile(path):
+    try:
+        source = parse_source(path)  # a Hugging Face dataset (agentcap.core.hf_datasets), or None: JSONL
+    except ValueError as err:
+        raise ManifestError(str(err)) from None
+    if source is None and not os.path.isfile(path):
         raise ManifestError(f"{path}: manifest not found")
     report = report if report is not None else SkipReport()
-    key = _manifest_key(path, required, check, on_error, max_skip_fraction)
+    key = _manifest_key(path, required, check, on_error, max_skip_fraction, source)
     if key is not None and key in _MANIFESTS:
         rows, skipped, ids, total = _MANIFESTS[key]
         report.total += total
@@ -86,7 +95,10 @@ def read_manifest(
         report.ids.extend(ids)
         return list(rows)
     before_total, before_skipped = report.total, len(report.skipped)
-    rows = _read_rows(path, required, check, on_error, report)
+    if source is None:
+        rows = _read_rows(path, required, check, on_error, report)
+    else:
+        rows = _read_dataset(source, required, check, on_error, report)
     if report.fraction > max_skip_fraction:
         shown = "\n  ".join(report.skipped[:5])
         raise ManifestError(
@@ -107,14 +119,39 @@ def read_manifest(
 _MANIFESTS: dict[tuple, tuple[list[dict[str, Any]], list[str], list[Any], int]] = {}
 
 
-def _manifest_key(path, required, check, on_error, max_skip_fraction) -> tuple | None:
+def _manifest_key(path, required, check, on_error, max_skip_fraction, source=None) -> tuple | None:
     owner = getattr(check, "__self__", None)
     if check is not None and owner is None:
         return None  # a free function may close over anything: not cached
-    stat = os.stat(path)
+    if source is None:
+        stat = os.stat(path)
+        version: tuple = (os.path.realpath(path), stat.st_mtime_ns, stat.st_size)
+    else:
+        version = (path, dataset_stamp(source))
     fields = tuple(sorted((name, _type_name(kind)) for name, kind in (required or {}).items()))
     checker = None if check is None else (type(owner).__module__, type(owner).__qualname__, check.__name__)
-    return (os.path.realpath(path), stat.st_mtime_ns, stat.st_size, fields, checker, on_error, max_skip_fraction)
+    return (*version, fields, checker, on_error, max_skip_fraction)
+
+
+def _read_dataset(source: DatasetSource, required, check, on_error, report: SkipReport) -> list[dict[str, Any]]:
+    """A Hugging Face dataset's rows, through the same ``check_row`` as a JSONL line."""
+    rows: list[dict[str, Any]] = []
+    try:
+        for where, row in dataset_rows(source):
+            report.total += 1
+            try:
+                check_row(row, where, source.manifest, required, check)
+            except ManifestError as err:
+                if on_error == "raise":
+                    raise
+                report.refuse(str(err), row.get("id"))
+                continue
+            rows.append(row)
+    except ValueError as err:
+        if isinstance(err, ManifestError):
+            raise
+        raise ManifestError(str(err)) from None  # the dataset itself: not found, no such split or column
+    return rows
 
 
 def _read_rows(path, required, check, on_error, report: SkipReport) -> list[dict[str, Any]]:
@@ -134,17 +171,7 @@ def _read_rows(path, required, check, on_error, report: SkipReport) -> list[dict
                     raise ManifestError(f"{where}: not valid JSON ({err.msg})") from None
                 if not isinstance(row, dict):
                     raise ManifestError(f"{where}: expected a JSON object, got {type(row).__name__}")
-                for name, kind in (required or {}).items():
-                    if name not in row:
-                        raise ManifestError(f"{where}: missing field {name!r} (row has {sorted(row)})")
-                    if not isinstance(row[name], kind):
-                        raise ManifestError(
-                            f"{where}: field {name!r} must be {_type_name(kind)}, got {row[name]!r}"
-                        )
-                row["_where"] = where
-                row["_manifest"] = path
-                if check is not None:
-                    check(row, where)
+                check_row(row, where, path, required, check)
             except ManifestError as err:
                 if on_error == "raise":
                     raise
@@ -152,6 +179,21 @@ def _read_rows(path, required, check, on_error, report: SkipReport) -> list[dict
                 continue
             rows.append(row)
     return rows
+
+
+def check_row(row: dict[str, Any], where: str, manifest: str | None, required, check) -> None:
+    """The checks every row gets, from JSONL or a Hugging Face dataset: ``required`` fields and
+    types, then the task's ``check``; ``_where`` / ``_manifest`` let later errors and media paths
+    name and find their source."""
+    for name, kind in (required or {}).items():
+        if name not in row:
+            raise ManifestError(f"{where}: missing field {name!r} (row has {sorted(row)})")
+        if not isinstance(row[name], kind):
+            raise ManifestError(f"{where}: field {name!r} must be {_type_name(kind)}, got {row[name]!r}")
+    row["_where"] = where
+    row["_manifest"] = manifest
+    if check is not None:
+        check(row, where)
 
 
 def decode_line(raw: bytes, where: str) -> str:

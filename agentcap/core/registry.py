@@ -8,7 +8,13 @@ declares ``[project.entry-points."gymnasium.envs"]`` are registered without impo
 
 from __future__ import annotations
 
+import difflib
 from importlib.metadata import entry_points
+from typing import Any
+
+import gymnasium as gym
+
+from agentcap.core.settings import ConfigError
 
 _loaded: set[str] = set()
 
@@ -22,3 +28,43 @@ def load_env_plugins() -> None:
         register = entry.load()
         if callable(register):
             register()
+
+
+class UnknownEnvError(ConfigError):
+    """An environment id that is not registered (or whose ``module:`` part cannot be imported)."""
+
+
+def check_env_id(env_id: str, key: str = "--model.env.id") -> None:
+    """Refuse an id ``gymnasium.make`` would not find, naming the closest registered ids and how a
+    package's own environment is named, instead of Gymnasium's traceback."""
+    import importlib
+
+    from gymnasium.envs.registration import registry
+
+    load_env_plugins()
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name is None or not module.startswith(err.name):
+                raise  # the module exists but one of its own imports fails: its traceback says why
+            raise UnknownEnvError(f"{key}: {env_id!r}: module {module!r} cannot be imported ({err}); "
+                                  f"is its package installed or on PYTHONPATH?") from None
+    if name in registry:
+        return
+    by_lower = {i.lower(): i for i in registry}
+    close = [by_lower[i] for i in difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)]
+    hint = f" Closest registered ids: {', '.join(repr(i) for i in close)}." if close else ""
+    raise UnknownEnvError(
+        f"{key}: unknown environment id {env_id!r}.{hint} An environment of your own package is named with "
+        f"the module that registers it first, e.g. 'my_pkg.envs:MyTask-v0', or registered through the "
+        f"`gymnasium.envs` entry point (docs/custom-environments.md); `agentcap envs PATTERN` lists the ids."
+    )
+
+
+def make_env(env_id: str, kwargs: dict[str, Any], key: str = "--model.env.id") -> gym.Env:
+    """``gymnasium.make(env_id, **kwargs)`` after the plugins are registered and the id is checked
+    (:func:`check_env_id`; ``key`` is the setting the error names)."""
+    check_env_id(env_id, key)
+    return gym.make(env_id, **kwargs)

@@ -34,6 +34,10 @@ RECALLS = ((5, 16), (1, 5))
 _NO_MASK = 1_000_000
 
 
+class MissingReferenceError(ValueError):
+    """An item without the reference text the captioning metrics need (named by file:line)."""
+
+
 def reference_field(env: Any) -> str:
     """The manifest field holding an item's reference caption (READ: ``ad``)."""
     return getattr(env, "reference_field", "caption")
@@ -79,6 +83,20 @@ def item_row(env: Any, index: int, episode: Any, score: Any) -> dict[str, Any]:
     return row
 
 
+def check_references(env: Any, items: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse items without the reference text (before any captioning is spent on them)."""
+    field = reference_field(env)
+    for item in items:
+        if field not in item:
+            raise MissingReferenceError(
+                f"{item.get('_where', type(env).__name__ + ' item ' + repr(item.get('id')))}: no field {field!r} "
+                f"(the reference text the captioning metrics compare with; the row has "
+                f"{sorted(k for k in item if not k.startswith('_'))}). Set `reference_field` on the environment "
+                f"to the field that holds it (a class attribute, e.g. reference_field = \"answer\"), or add "
+                f"{field!r} to every row."
+            )
+
+
 def task_metrics(
     env: Any, items: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], captioning: CaptionMetrics
 ) -> dict[str, float]:
@@ -86,6 +104,7 @@ def task_metrics(
     if len(items) != len(rows):
         raise ValueError(f"got {len(items)} items but {len(rows)} prediction rows")
     captions = [str(r.get("caption") or "") for r in rows]
+    check_references(env, items)
     field = reference_field(env)
     references = [[str(item[field])] for item in items]
     result = captioning(captions, references)

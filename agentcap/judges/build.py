@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from agentcap.agents.hub import resolve_model
 from agentcap.judges.examiner import Examiner, LLMExaminer, RuleExaminer
 from agentcap.judges.pool import causal_lm
 from agentcap.judges.served import (
@@ -20,7 +21,7 @@ from agentcap.judges.temporal import LLMTemporalExaminer, RuleTemporalExaminer, 
 def build_examiner(
     spec: str | dict[str, Any], device: str = "cpu", readout: Literal["letters", "options"] = "letters"
 ) -> Examiner:
-    """``rule`` (toy worlds only), the local folder of an HF causal LM, an OpenAI-compatible server
+    """``rule`` (toy worlds only), the local folder or Hub id of an HF causal LM, an OpenAI-compatible server
     ``{url: http://HOST:8000/v1, model: NAME}`` shared by every rank, or ``{vllm: FOLDER}``: a vLLM
     engine in this process (both ``agentcap.judges.served``; letters readout only).
 
@@ -35,7 +36,7 @@ def build_examiner(
         return ServedExaminer(served_judge_client(spec, "examiner"))
     if spec == "rule":
         return RuleExaminer()
-    return LLMExaminer(*causal_lm(spec, device), readout=readout)
+    return LLMExaminer(*causal_lm(resolve_model(spec, "examiner"), device), readout=readout)
 
 
 def build_temporal_examiner(spec: str | dict[str, Any], half_width: float, device: str = "cpu") -> TemporalExaminer:
@@ -51,4 +52,4 @@ def build_temporal_examiner(spec: str | dict[str, Any], half_width: float, devic
         raise ValueError(f"temporal_examiner: expected 'rule', a model folder or {{url, model}}, got {spec!r}")
     if spec == "rule":
         return RuleTemporalExaminer(half_width=half_width)
-    return LLMTemporalExaminer(*causal_lm(spec, device), half_width=half_width)
+    return LLMTemporalExaminer(*causal_lm(resolve_model(spec, "temporal_examiner"), device), half_width=half_width)

@@ -3,8 +3,8 @@
 One large judge (a 27B examiner) serves a whole cluster when it runs as a server
 (``vllm serve NAME``) and every rank points at it: ``examiner: {url: http://HOST:8000/v1, model: NAME}``.
 Requests go out ``batch_size`` at a time in parallel (the server batches them on the accelerator),
-each with a timeout and retries; a server that stays down raises :class:`JudgeUnavailable` naming
-the URL.
+each with a total deadline and retries; a server that stays down or silent raises
+:class:`JudgeUnavailable` naming the URL (after 63 s at most with the defaults, :class:`ServedClient`).
 
 The examiner reads the letter A–E as :class:`~agentcap.judges.examiner.LLMExaminer` does: one
 next token, restricted to the five letter ids (``allowed_token_ids`` and ``logit_bias``) and read
@@ -15,19 +15,20 @@ tokens: vLLM's ``prompt_logprobs`` of prompt + response token ids (READ Eq. 4 on
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
-import urllib.request
+import asyncio
+import functools
+import ssl
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import torch
 
 from agentcap.judges.coherence import CoherenceScorer
 from agentcap.judges.examiner import LETTERS, Question, _check_pairs, distinct_pairs, letters_question
 from agentcap.judges.temporal import AnswerTemporalExaminer, temporal_question
+from agentcap.parallel import signals
 
 
 class JudgeUnavailable(RuntimeError):
@@ -35,64 +36,107 @@ class JudgeUnavailable(RuntimeError):
 
 
 class ServedClient:
-    """A small JSON client for an OpenAI-compatible ``/v1`` server (vLLM's own endpoints included).
+    """A small JSON client (httpx) for an OpenAI-compatible ``/v1`` server (vLLM's own endpoints included).
+
+    Every request has a total deadline, ``timeout`` seconds for connecting and receiving the whole
+    answer (a server that trickles bytes does not keep it alive); connecting alone may take at most
+    5 s. Failed requests (refused, timed out, 5xx) are retried after ``backoff``, ``2 * backoff``, …
+    seconds. With the defaults a judge that accepts and never answers raises
+    :class:`JudgeUnavailable` after 3 × 20 + 1 + 2 = 63 s, one that refuses connections after 3 s,
+    one whose host drops them after 18 s. Raise ``timeout`` for a server shared by many ranks.
+    A stop signal (SIGTERM, SIGUSR1) ends a wait within 0.1 s (:mod:`agentcap.parallel.signals`).
 
     Args:
         url: base URL ending in ``/v1``, e.g. ``http://127.0.0.1:8000/v1``.
         model: the served model name (``vllm serve``'s ``--served-model-name`` or path).
-        timeout: seconds per request.
+        timeout: seconds per request, connect and whole response together.
         retries: further attempts after a failed request (connection refused, 5xx, timeout).
         backoff: seconds before the first retry, doubled each time.
         batch_size: requests in flight at once.
         api_key: sent as a bearer token when set.
     """
 
-    def __init__(self, url: str, model: str, timeout: float = 60.0, retries: int = 3, backoff: float = 1.0,
+    connect_timeout = 5.0
+
+    def __init__(self, url: str, model: str, timeout: float = 20.0, retries: int = 2, backoff: float = 1.0,
                  batch_size: int = 32, api_key: str | None = None):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"judge url: {url!r} must start with http:// or https:// (e.g. http://127.0.0.1:8000/v1)")
         if batch_size < 1:
             raise ValueError(f"judge batch_size must be >= 1, got {batch_size}")
+        if not timeout > 0:
+            raise ValueError(f"judge timeout must be > 0 seconds, got {timeout}")
         self.url, self.model = url.rstrip("/"), model
         self.timeout, self.retries, self.backoff, self.batch_size = timeout, retries, backoff, batch_size
         self.api_key = api_key
 
     def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         """POST JSON to ``<url><path>`` (``/tokenize`` goes to the server root); retries, then a clear error."""
-        base = self.url.removesuffix("/v1") if path == "/tokenize" else self.url
-        data = json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        error: Exception | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            request = urllib.request.Request(base + path, data=data, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    return json.loads(response.read())
-            except urllib.error.HTTPError as err:
-                body = err.read().decode(errors="replace")[:500]
-                if err.code < 500:  # a bad request does not get better by retrying
-                    raise ValueError(f"judge server {base + path} refused the request ({err.code}): {body}") from None
-                error = RuntimeError(f"{err.code}: {body}")
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as err:
-                error = err
-        raise JudgeUnavailable(
-            f"judge server {base + path} (model {self.model!r}) did not answer after {self.retries + 1} attempts "
-            f"({error}); is `vllm serve` running and reachable from this rank?"
-        )
+        return self.map(path, [payload])[0]
 
     def map(self, path: str, payloads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """POST every payload, ``batch_size`` in flight at once; results in order."""
         if not payloads:
             return []
-        with ThreadPoolExecutor(max_workers=min(self.batch_size, len(payloads))) as pool:
-            return list(pool.map(lambda p: self.post(path, p), payloads))
+        work = lambda: asyncio.run(self._map(path, list(payloads)))  # noqa: E731
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the usual case: no event loop in this thread
+            return work()
+        with ThreadPoolExecutor(max_workers=1) as pool:  # called from async code (a notebook): a loop of its own
+            return pool.submit(work).result()
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})["tokens"])
+
+    async def _map(self, path: str, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        timeout = httpx.Timeout(self.timeout, connect=min(self.connect_timeout, self.timeout), pool=None)
+        limits = httpx.Limits(max_connections=self.batch_size, max_keepalive_connections=self.batch_size)
+        slots = asyncio.Semaphore(self.batch_size)
+        async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits, verify=_ssl_context()) as client:
+            everything = asyncio.gather(*(self._post(client, slots, path, p) for p in payloads))
+            everything.add_done_callback(lambda f: f.cancelled() or f.exception())  # cancelled on a stop: no log
+            while True:  # wake up to notice a stop signal; leaving cancels the requests in flight
+                done, _ = await asyncio.wait({everything}, timeout=0.1)
+                if done:
+                    return everything.result()
+                signals.check()
+
+    async def _post(self, client: httpx.AsyncClient, slots: asyncio.Semaphore, path: str,
+                    payload: dict[str, Any]) -> dict[str, Any]:
+        base = self.url.removesuffix("/v1") if path == "/tokenize" else self.url
+        error: Exception | str | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            async with slots:
+                try:
+                    async with asyncio.timeout(self.timeout):  # the whole exchange, however the bytes trickle
+                        response = await client.post(base + path, json=payload)
+                except TimeoutError:
+                    error = f"no whole answer within timeout={self.timeout} s"
+                    continue
+                except httpx.TransportError as err:
+                    error = f"{type(err).__name__}: {err}"
+                    continue
+            if response.status_code >= 500:
+                error = f"{response.status_code}: {response.text[:500]}"
+            elif response.status_code >= 400:  # a bad request does not get better by retrying
+                raise ValueError(f"judge server {base + path} refused the request "
+                                 f"({response.status_code}): {response.text[:500]}")
+            else:
+                return response.json()
+        raise JudgeUnavailable(
+            f"judge server {base + path} (model {self.model!r}) did not answer after {self.retries + 1} attempts "
+            f"({error}); is `vllm serve` running and reachable from this rank?"
+        )
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """httpx's default certificate check, built once (each new client would load the CA bundle again: 0.3 s)."""
+    return httpx.create_ssl_context()
 
 
 def letter_token_ids(tokenize) -> list[int]:

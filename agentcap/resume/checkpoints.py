@@ -1,15 +1,18 @@
 """Checkpoints by schedule tick: written atomically, rotated, and found again after a kill.
 
 The module steps its own optimisers, so the tick (not Lightning's ``global_step``) decides when to
-save; a truncated or corrupt file is reported by path and the previous checkpoint is used.
+save; a truncated or corrupt file is reported by path and the previous checkpoint is used. A checkpoint
+the user gives (a path or an http(s) URL) loads tensors only: one that would run code is refused.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
 import sys
+import urllib.parse
 from typing import Any
 
 import lightning as L
@@ -99,10 +102,57 @@ def checkpoint_problem(path: str) -> str | None:
     """Why ``path`` is not a loadable checkpoint, or None. Memory-mapped: tensors are not read."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:  # truncated zip, garbage bytes, a pickle torch refuses
+    except pickle.UnpicklingError as err:  # torch's explanation is a paragraph; the refused global is the news
+        called = re.search(r"GLOBAL ([\w.]+)", str(err))
+        what = f"it calls {called.group(1)}" if called else str(err).splitlines()[0][:200]
+        return f"refused: loading it would run code ({what}); a checkpoint holds tensors and plain containers only"
+    except Exception as err:  # truncated zip, garbage bytes
         return f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
     if not isinstance(state, dict) or "state_dict" not in state:
         return "not a Lightning checkpoint (no 'state_dict')"
     return None
+
+
+#: Lightning's own names for a checkpoint (``--ckpt_path last``), resolved by the Trainer.
+LIGHTNING_NAMES = ("last", "best", "hpc")
+
+
+def usable_checkpoint(path: str, run_dir: str, flag: str, command: str, lightning: bool = False) -> str:
+    """The local file to load for a user-given checkpoint, or ``SystemExit`` in one line naming it.
+
+    An http(s) URL is downloaded into ``<run_dir>/downloads/`` first; every file is then checked with
+    ``torch.load(weights_only=True)``, so a pickle that would run code is refused before anything loads
+    it (Lightning itself loads remote checkpoints with ``weights_only=False``). ``lightning``: the path
+    goes to the Trainer, so its own names (``last``) and other fsspec URLs (``s3://``) pass, to be
+    loaded with ``weights_only=True`` as the callers tell it; elsewhere they are refused."""
+    scheme = urllib.parse.urlsplit(path).scheme
+    remote = scheme not in ("", "file", "http", "https")
+    if lightning and (path in LIGHTNING_NAMES or path.startswith("registry") or remote):
+        return path
+    if scheme in ("http", "https"):
+        path = download(path, os.path.join(run_dir, "downloads"), flag, command)
+    elif "://" in path and scheme != "file":
+        raise SystemExit(f"{command}: {flag} {path}: only local files and http(s) URLs can be loaded here")
+    elif scheme == "file":
+        path = urllib.parse.urlsplit(path).path
+    if not os.path.isfile(path):
+        raise SystemExit(f"{command}: {flag} {path}: no such file")
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise SystemExit(f"{command}: {flag} {path}: {problem}")
+    return path
+
+
+def download(url: str, folder: str, flag: str, command: str) -> str:
+    """``url`` saved as ``folder/<its file name>`` (written under a temporary name, then renamed)."""
+    name = os.path.basename(urllib.parse.urlsplit(url).path) or "checkpoint.ckpt"
+    target = os.path.join(folder, name)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        torch.hub.download_url_to_file(url, target, progress=False)
+    except (OSError, ValueError) as err:  # URLError and HTTPError are OSErrors
+        raise SystemExit(f"{command}: {flag} {url}: download failed ({err})") from None
+    print(f"agentcap: {flag} {url} downloaded to {target}", file=sys.stderr)
+    return target
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import shutil
 import sys
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import yaml
 
 from agentcap.agents.agent import AgentConfig
+from agentcap.resume.run_dir import RunLock
 from agentcap.training.module import GRPOModule
 
 
@@ -58,16 +60,26 @@ def _added_at_default(key: str, value: Any) -> bool:
     return False
 
 
+#: What ``--resume fresh`` leaves in place: the lock of the process now training, and the old runs moved before.
+KEPT = (RunLock.NAME,)
+REPLACED = "replaced-"
+
+
 def move_aside(run_dir: str) -> None:
-    """``--resume fresh``: the old run's files go to ``<run_dir>/replaced-<UTC time>/``, nothing is deleted."""
-    names = [n for n in ("checkpoints", "summary.json", "samples.jsonl", "tokenizers", "config.yaml",
-                         "predictions.jsonl") if os.path.exists(os.path.join(run_dir, n))]
+    """``--resume fresh``: every file of the old run (``eval/``, logger folders, …: whatever is there)
+    goes to ``<run_dir>/replaced-<UTC time>/``, nothing is deleted. The vocabulary is copied back: the
+    new run's module was built from it before this runs, and a run keeps the vocabulary it trains with."""
+    if not os.path.isdir(run_dir):
+        return
+    names = sorted(n for n in os.listdir(run_dir) if n not in KEPT and not n.startswith(REPLACED))
     if not names:
         return
-    target = os.path.join(run_dir, time.strftime("replaced-%Y%m%dT%H%M%SZ", time.gmtime()))
+    target = os.path.join(run_dir, time.strftime(f"{REPLACED}%Y%m%dT%H%M%SZ", time.gmtime()))
     os.makedirs(target, exist_ok=True)
     for name in names:
         os.replace(os.path.join(run_dir, name), os.path.join(target, name))
+    if os.path.isdir(os.path.join(target, "tokenizers")):
+        shutil.copytree(os.path.join(target, "tokenizers"), os.path.join(run_dir, "tokenizers"))
     print(f"agentcap: --resume fresh: moved the old run's {', '.join(names)} to {target}", file=sys.stderr)
 
 

@@ -10,21 +10,23 @@ import os
 import sys
 
 import torch
-import yaml
 from jsonargparse import ArgumentParser
 from lightning import seed_everything
 
-from agentcap.resume.checkpoints import TickCheckpoint
+from agentcap.resume.checkpoints import TickCheckpoint, usable_checkpoint
+from agentcap.resume.configs import read_config
 from agentcap.rollout.splits import EnvConfig
 from agentcap.training.module import GRPOModule
 
 
-def load_module(config: str, checkpoint: str | None):
-    """Build the GRPOModule a training config describes and load a checkpoint's weights into it."""
-    with open(config, encoding="utf-8") as handle:
-        document = yaml.safe_load(handle) or {}
-    if "model" not in document:
-        raise ValueError(f"{config}: no 'model' section (give the config `agentcap fit` ran with)")
+def load_module(config: str, checkpoint: str | None, command: str = "agentcap"):
+    """Build the GRPOModule a training config describes and load a checkpoint's weights into it.
+
+    ``checkpoint`` may be an http(s) URL (downloaded into ``<run_dir>/downloads/``); a file that would
+    run code to load is refused in one line (:func:`usable_checkpoint`)."""
+    document = read_config(config, command)
+    if not isinstance(document.get("model"), dict):
+        raise SystemExit(f"{command}: {config}: no 'model' section (give the config `agentcap fit` ran with)")
     # only the model section matters here; a run's saved config.yaml (all of LightningCLI's keys) works too
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(GRPOModule, "model")
@@ -34,9 +36,11 @@ def load_module(config: str, checkpoint: str | None):
     init = parser.instantiate_classes(parser.parse_object({"model": document["model"]}))
     module: GRPOModule = init.model
     if checkpoint is not None:
-        if not os.path.isfile(checkpoint):
-            raise FileNotFoundError(f"--checkpoint {checkpoint!r} not found (train first: agentcap fit --config {config})")
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        if "://" not in checkpoint and not os.path.isfile(checkpoint):
+            raise SystemExit(f"{command}: --checkpoint {checkpoint!r} not found "
+                             f"(train first: agentcap fit --config {config})")
+        path = usable_checkpoint(checkpoint, module.run_dir, "--checkpoint", command)
+        state = torch.load(path, map_location="cpu", weights_only=True)
         module.load_state_dict(state["state_dict"])
     module.eval()
     return module
@@ -44,10 +48,7 @@ def load_module(config: str, checkpoint: str | None):
 
 def env_config_of(config: str):
     """The environment and the evaluate stages' names of a training config (no agent is built)."""
-    if not os.path.isfile(config):
-        raise SystemExit(f"agentcap evaluate: config {config!r} not found")
-    with open(config, encoding="utf-8") as handle:
-        model = (yaml.safe_load(handle) or {}).get("model")
+    model = read_config(config, "agentcap evaluate").get("model")
     if not isinstance(model, dict) or not isinstance(model.get("env"), dict):
         raise SystemExit(f"agentcap evaluate: {config}: no 'model.env' section (give the config `agentcap fit` ran with)")
     stages = [s.get("name") for s in model.get("stages", []) if isinstance(s, dict) and s.get("kind") == "evaluate"]
@@ -56,9 +57,9 @@ def env_config_of(config: str):
 
 def trained_module(config: str, checkpoint: str | None):
     """The run's trained module (its newest checkpoint, or ``checkpoint``); untrained weights, said so, when none."""
-    module = load_module(config, None)
+    module = load_module(config, None, "agentcap evaluate")
     path = checkpoint or TickCheckpoint.path(module.run_dir)
     if checkpoint or os.path.isfile(path):
-        return load_module(config, path)
+        return load_module(config, path, "agentcap evaluate")
     print(f"agentcap evaluate: no checkpoint at {path}; scoring untrained weights", file=sys.stderr)
     return module

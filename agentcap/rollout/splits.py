@@ -17,7 +17,7 @@ import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from agentcap.agents.agent import Agent
-from agentcap.core.registry import load_env_plugins
+from agentcap.core.registry import check_env_id, make_env
 from agentcap.parallel.distributed import world
 from agentcap.rollout.driver import RolloutDriver
 from agentcap.training.schedule import Stage
@@ -43,10 +43,12 @@ class EnvConfig:
     val: dict[str, Any] = field(default_factory=dict)
     test: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        check_env_id(self.id)  # a typo is refused with the config, before any model loads
+
     def make(self, split: str, overrides: dict[str, Any] | None = None, **extra) -> gym.Env:
         kwargs = {**self.kwargs, **getattr(self, split), **(overrides or {}), **extra}
-        load_env_plugins()
-        return gym.make(self.id, **kwargs)
+        return make_env(self.id, kwargs)
 
     def texts(self) -> list[str]:
         """Every prompt and demonstration of every split: the vocabulary of a word-level tokenizer."""

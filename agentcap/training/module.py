@@ -48,6 +48,7 @@ from agentcap.agents.tokens import pad_right
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.algorithms.loop import normalize_by_type
 from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weights
+from agentcap.core.settings import ConfigError, check
 from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
 from agentcap.judges.pool import shard_judges
@@ -69,6 +70,15 @@ from agentcap.training.optim import (
 from agentcap.training.schedule import Schedule, Stage
 
 __all__ = ["EnvConfig", "GRPOModule"]
+
+#: The allowed values of GRPOModule's numeric arguments (an optional one left at None is not checked).
+#: clip_eps < 1: the ratio's lower clip 1 − ε must stay positive; seed ≥ 0: numpy's SeedSequence.
+SETTINGS = {
+    "group_size": "≥ 1", "rollout_batch_size": "≥ 1", "minibatch_size": "≥ 1", "micro_batch_size": "≥ 1",
+    "ppo_epochs": "≥ 1", "clip_eps": "in (0, 1)", "clip_eps_high": "> 0", "beta": "≥ 0", "eps_norm": "> 0",
+    "sft_batch_size": "≥ 1", "max_grad_norm": "> 0", "weight_decay": "≥ 0", "eval_limit": "≥ 1",
+    "generation_batch_size": "≥ 1", "sample_every": "≥ 1", "seed": "≥ 0", "tis_cap": "> 0",
+}
 
 
 class _Ticks(IterableDataset):
@@ -147,20 +157,25 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         seed: int = 0,
         tis_cap: float | None = None,
     ):
-        super().__init__()
-        if group_size < 1 or rollout_batch_size % group_size:
-            raise ValueError(
+        # every setting is checked before anything loads (ConfigError: `agentcap fit` prints one line)
+        arguments = locals()
+        for key, rule in SETTINGS.items():
+            check(f"--model.{key}", arguments[key], rule)
+        if rollout_batch_size % group_size:
+            raise ConfigError(
                 f"--model.group_size ({group_size}) must divide --model.rollout_batch_size ({rollout_batch_size})"
             )
-        if micro_batch_size is not None and micro_batch_size < 1:
-            raise ValueError(f"--model.micro_batch_size must be ≥ 1, got {micro_batch_size}")
+        schedule = Schedule(stages, list(agents))
+        for role, config in agents.items():
+            config.check(role)
+        check_trainable_precision(agents, stages)
+        super().__init__()
+        self.schedule = schedule
         self.automatic_optimization = False
         self.env_config = env
         texts = env.texts() if any(cfg.build_tokenizer_from for cfg in agents.values()) else []
         vocabulary = lambda name: os.path.join(run_dir, "tokenizers", f"{name}.json")  # noqa: E731  (kept by the run)
         self.agents = torch.nn.ModuleDict(build_agents(agents, texts, vocabulary))
-        self.schedule = Schedule(stages, list(agents))
-        check_trainable_precision(agents, stages)
         self.group_size, self.rollout_batch_size = group_size, rollout_batch_size
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
         self.micro_batch_size = micro_batch_size
@@ -260,6 +275,11 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             if harvested is not None:
                 self._emit({"harvest/items": float(harvested)})
 
+    def _where(self) -> str:
+        """The stage and tick, for a NaN / Inf error (``training.finite``)."""
+        stage = self.schedule.stages[self._stage_index or 0]
+        return f"stage {stage.name!r} ({stage.kind} of {stage.agent!r}), tick {self.tick}"
+
     def _trainable(self) -> Agent:
         return next(a for a in self.agents.values() if a.trainable)
 
@@ -326,7 +346,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         for micro, scale in aligned_micro_batches(agent, rows, self.micro_batch_size, stand_in):
             for k, v in self._policy_loss(agent, micro, norm, scale).items():
                 stats[k] = max(stats[k], v) if k == "sampler_gap_max" else stats[k] + v
-        stats["grad_norm"] = optimizer_step(agent, self._optimizer, self.max_grad_norm)
+        stats["grad_norm"] = optimizer_step(agent, self._optimizer, self.max_grad_norm, self._where(), stats.get("loss"))
         return dict(stats)
 
     def _policy_loss(self, agent: Agent, rows: Sequence[Span], norm: float, scale: float = 1.0) -> dict[str, float]:
@@ -380,7 +400,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             loss = -(logprobs * weights).sum()  # token-mean NLL
             self.manual_backward(loss)
             loss_sum += float(loss.detach())
-        optimizer_step(agent, self._optimizer, self.max_grad_norm)
+        optimizer_step(agent, self._optimizer, self.max_grad_norm, self._where(), loss_sum)
         value = distributed.global_sums([loss_sum], self.device)[0]  # the ranks' shares of the global token mean
         self.log(f"loss/{agent.name}/sft", value, prog_bar=True, logger=False)
         self._emit({f"loss/{agent.name}/sft": value, "stage": float(self._stage_index or 0)})

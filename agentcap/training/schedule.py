@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agentcap.core.settings import ConfigError, check
+
 
 @dataclass
 class Stage:
@@ -57,28 +59,37 @@ class Stage:
     def ticks(self) -> int:
         return 1 if self.kind == "evaluate" else self.steps
 
+    def check(self, index: int) -> None:
+        """Refuse a numeric field outside its range (``ConfigError`` naming ``--model.stages[i].field``)."""
+        key, named = f"--model.stages[{index}]", f" (stage {self.name!r})"
+        if self.kind != "evaluate":
+            check(f"{key}.steps", self.steps, "≥ 1", named)
+            check(f"{key}.warmup_steps", self.warmup_steps, "≥ 0", named)
+            if self.warmup_steps > self.steps:
+                raise ConfigError(f"{key}.warmup_steps must be ≤ steps ({self.steps}), got {self.warmup_steps}{named}")
+        check(f"{key}.lr", self.lr, "> 0", named)
+        check(f"{key}.max_duration", self.max_duration, "> 0", named + "; None trains on every item")
+        check(f"{key}.harvest_items", self.harvest_items, "≥ 1", named)
+
 
 class Schedule:
     """Maps a global tick to (stage index, step inside the stage)."""
 
     def __init__(self, stages: Sequence[Stage], agents: Sequence[str]):
         if not stages:
-            raise ValueError("schedule: give at least one stage")
+            raise ConfigError("--model.stages: give at least one stage")
         seen: set[str] = set()
         for i, stage in enumerate(stages):
-            where = f"stages[{i}] ({stage.name!r})"
+            where = f"--model.stages[{i}] ({stage.name!r})"
             if stage.name in seen:
-                raise ValueError(f"{where}: stage names must be unique")
+                raise ConfigError(f"{where}: stage names must be unique")
             seen.add(stage.name)
             if stage.kind in ("sft", "grpo"):
                 if stage.agent not in agents:
-                    raise ValueError(f"{where}: agent {stage.agent!r} is not one of the configured agents {sorted(agents)}")
-                if stage.steps < 1:
-                    raise ValueError(f"{where}: steps must be ≥ 1, got {stage.steps}")
-                if not 0 <= stage.warmup_steps <= stage.steps:
-                    raise ValueError(f"{where}: warmup_steps must be in 0..steps ({stage.steps}), got {stage.warmup_steps}")
+                    raise ConfigError(f"{where}: agent {stage.agent!r} is not one of the configured agents {sorted(agents)}")
             elif stage.agent is not None:
-                raise ValueError(f"{where}: an evaluate stage trains no agent (got agent={stage.agent!r})")
+                raise ConfigError(f"{where}: an evaluate stage trains no agent (got agent={stage.agent!r})")
+            stage.check(i)
         self.stages = list(stages)
         self.starts: list[int] = []
         total = 0

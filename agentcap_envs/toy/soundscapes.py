@@ -14,7 +14,9 @@ synthesis parameters instead of a language model:
   like?" answered by its gold sentence), so the evidence a clip needs grows with its 1-3 events;
 * cloze and MCQ items offer the 4 values of one attribute as A-D (gold placed at random by the
   seeded generator) and "Not given" as E, which is never gold;
-* clip durations follow a skewed spread so a short-clips-first curriculum has something to do.
+* clip durations follow a skewed spread so a short-clips-first curriculum has something to do;
+* ``benchmark.jsonl`` holds held-out MCQ questions about the test clips in the benchmark manifest
+  schema of MMAU / MMAR / MMSU (``agentcap evaluate --benchmark``; see :func:`benchmark_questions`).
 
 Re-running with the same arguments writes byte-identical files (the random serial number that
 libsndfile puts in an Ogg stream is pinned to 0).
@@ -261,6 +263,71 @@ def gold_banks(events: Sequence[SoundEvent], rng: np.random.Generator) -> dict[s
     return {"cloze": cloze, "mcq": mcq, "qa": qa, "anchors": anchors}
 
 
+# --- held-out benchmark (caption-as-evidence QA, MMAU's converted schema) ---------------------
+BENCHMARK_STREAM = 4  # its own random stream: adding it changed no clip of any split
+ORDINALS = ("first", "second", "third")
+
+
+def _pick(rng: np.random.Generator, gold: str, others: Sequence[str], k: int) -> tuple[list[str], str]:
+    """``k`` choices: the gold and ``k - 1`` of ``others`` in a seeded order; returns (choices, letter)."""
+    chosen = [others[i] for i in rng.choice(len(others), size=k - 1, replace=False)]
+    choices = [[gold, *chosen][i] for i in rng.permutation(k)]
+    return choices, "ABCDEFGHIJ"[choices.index(gold)]
+
+
+def benchmark_questions(row: dict[str, Any], rng: np.random.Generator) -> list[dict[str, Any]]:
+    """MCQ rows about one held-out clip, in the benchmark manifest schema (docs/data.md): the
+    sound's type (by its place in time), pitch, loudness and repetitions, which of two comes first or
+    later, and when one begins. Worded unlike the training banks (no cloze sentence, no time span
+    naming the event, 2-4 choices, no "Not given"), so a caption must carry the facts, not the
+    bank's phrasing."""
+    events = [SoundEvent(**e) for e in row["events"]]
+    n = len(events)
+    out: list[tuple[str, str, str, str, list[str], str]] = []
+
+    k = int(rng.integers(n))
+    where = f"{ORDINALS[k]} in the recording" if n > 1 else "in the recording"
+    choices, answer = _pick(rng, events[k].type, [t for t in TYPES if t != events[k].type], 4)
+    out.append(("sound identification", "perception", "type", f"Which sound is heard {where}?", choices, answer))
+
+    event = events[int(rng.integers(n))]
+    choices, answer = _pick(rng, event.pitch, [p for p in PITCHES if p != event.pitch], 3)
+    out.append(("sound attributes", "perception", "pitch", f"How high in pitch is the {event.type}?", choices, answer))
+
+    event = events[int(rng.integers(n))]
+    choices, answer = _pick(rng, event.loudness, [v for v in LOUDNESSES if v != event.loudness], 3)
+    out.append(("sound attributes", "perception", "loudness", f"How loud is the {event.type}?", choices, answer))
+
+    event = events[int(rng.integers(n))]
+    words = [COUNT_WORDS[c] for c in COUNTS]
+    choices, answer = _pick(rng, COUNT_WORDS[event.count], [w for w in words if w != COUNT_WORDS[event.count]], 4)
+    out.append(("counting", "perception", "count", f"How often does the {event.type} repeat?", choices, answer))
+
+    if n > 1:
+        i, j = sorted(int(x) for x in rng.choice(n, size=2, replace=False))
+        earlier = bool(rng.integers(2))
+        gold = events[i].type if earlier else events[j].type
+        other = events[j].type if earlier else events[i].type
+        choices, answer = _pick(rng, gold, [other], 2)
+        word = "first" if earlier else "later"
+        out.append(("temporal reasoning", "temporal", "order",
+                    f"Which comes {word}, the {events[i].type} or the {events[j].type}?", choices, answer))
+
+    event = events[int(rng.integers(n))]
+    grid = [t / 10 for t in range(int(round(row["duration"] * 10)))]
+    far = [f"{t:.1f} s" for t in grid if abs(t - event.start) >= 0.5]
+    choices, answer = _pick(rng, f"{event.start:.1f} s", far, 4)
+    out.append(("temporal reasoning", "temporal", "onset", f"At about what time does the {event.type} begin?",
+                choices, answer))
+
+    return [
+        {"id": f"{row['id']}-q{q}", "audio": row["audio"], "question": question, "choices": choices,
+         "answer": answer, "answer_text": choices["ABCDEFGHIJ".index(answer)], "benchmark": "toy", "task": task,
+         "category": category, "subcategory": subcategory, "layer": None, "duration": row["duration"]}
+        for q, (task, category, subcategory, question, choices, answer) in enumerate(out)
+    ]
+
+
 def make_clip(clip_id: str, rng: np.random.Generator, low: float, high: float,
               rate: int) -> tuple[dict[str, Any], np.ndarray]:
     """One manifest row and its int16 samples, all drawn from ``rng``."""
@@ -431,6 +498,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, int]:
             seconds += row["duration"]
         _write_jsonl(out / f"{split}.jsonl", rows)
         counts[split] = len(rows)
+        if split == "test":  # the held-out benchmark asks only about test clips
+            questions = [q for index, row in enumerate(rows)
+                         for q in benchmark_questions(row, np.random.default_rng([args.seed, BENCHMARK_STREAM, index]))]
+            _write_jsonl(out / "benchmark.jsonl", questions)
+            counts["benchmark"] = len(questions)
     unique = list(dict.fromkeys(texts))  # first-seen order keeps the file deterministic
     (out / "texts.txt").write_text("\n".join(unique) + "\n", encoding="utf-8", newline="\n")
     counts["texts"] = len(unique)

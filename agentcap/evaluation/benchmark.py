@@ -1,0 +1,408 @@
+"""Caption-as-evidence accuracy on audio QA benchmarks (MMAU, MMAR, MMSU, the toy benchmark).
+
+The protocol of ACE-Cap (Tab. 1, Fig. 4) and AudioMap (the MMAU / MMAR / MMSU columns): the trained
+system captions every distinct clip of the benchmark; a frozen text-only judge then answers each
+multiple-choice question with that caption as its only evidence (no audio), greedily, with one fixed
+prompt (:data:`INSTRUCTION`, version :data:`PROMPT_VERSION`). The answer is read as the examiners
+read theirs: the argmax of the next-token logits restricted to the question's own option letters
+(A and B for two choices … A–J for ten), so there is no free text to parse. Accuracy is reported
+overall and per benchmark / task / category / subcategory / layer.
+
+Captions and answers are cached in the output folder (append-only JSONL): a caption under the
+captioner's identity (config, checkpoint file size and mtime) and the clip's path, an answer under
+the judge's identity, the prompt version, the caption, the question and its choices. A rerun asks
+nothing twice; a second judge on the same captions never runs the captioner.
+
+Judges (``--judge``): ``rule`` (the offline toy worlds' deterministic matcher, see
+:class:`RuleJudge`), the folder of a local HF causal LM, or an OpenAI-compatible server
+(``http://HOST:8000/v1#MODEL``, or a JSON object ``{"url": ..., "model": ...}``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from agentcap.core.manifests import read_manifest, resolve
+from agentcap.data.benchmark_rows import LETTERS, check_benchmark_row
+from agentcap.judges.examiner import CausalLMJudge, sentences
+from agentcap.judges.served import ServedClient, served_judge_client
+
+#: Changes whenever :data:`INSTRUCTION` or :func:`judge_prompt` changes; part of every answer's cache key.
+PROMPT_VERSION = "caption-evidence-v1"
+INSTRUCTION = (
+    "You cannot hear the audio clip. Below is a caption written about it. Answer the multiple-choice "
+    "question about the clip using only the caption as evidence. If the caption does not settle the "
+    "question, choose the option the caption makes most likely. Reply with a single letter."
+)
+#: The row fields accuracy is broken down by (a null value is left out of that breakdown).
+GROUPS = ("benchmark", "task", "category", "subcategory", "layer")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One question put to the judge: the caption is its only evidence."""
+
+    caption: str
+    question: str
+    choices: tuple[str, ...]
+
+
+def judge_prompt(ask: Ask) -> str:
+    """The judge's user turn: instruction, caption, question, lettered choices."""
+    options = "\n".join(f"{letter}. {choice}" for letter, choice in zip(LETTERS, ask.choices))
+    last = LETTERS[len(ask.choices) - 1]
+    return (f"{INSTRUCTION}\n\nCaption: {ask.caption}\n\nQuestion: {ask.question}\n{options}\n"
+            f"Answer with one letter from A to {last}.")
+
+
+# --- judges --------------------------------------------------------------------------------------
+class BenchmarkJudge(Protocol):
+    """Answers each ask with one of its option letters (None: the judge gave no answer)."""
+
+    identity: str
+
+    def choose(self, asks: Sequence[Ask]) -> list[str | None]: ...
+
+
+_WORD = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?")
+_STOP = frozenset("a an the is are was of in to at on and or does do how what which when who from it its "
+                  "this that clip sound sounds heard".split())
+
+
+def _phrase(text: str) -> re.Pattern[str]:
+    words = r"\s+".join(re.escape(w) for w in text.split())
+    return re.compile(rf"(?<![\w.-]){words}(?![\w-]|\.\d)", re.IGNORECASE)
+
+
+class RuleJudge:
+    """Deterministic stand-in judge for the offline toy worlds ONLY (templated captions).
+
+    The caption sentences are read in order of how many of the question's content words (not those
+    of its choices) they share (ties: the earlier sentence first); in the first one that names any
+    choice (whole words, longer choices first, a shorter one inside a longer match does not count),
+    the choice named first wins.
+    No choice named anywhere: no answer (counted wrong). It cannot reason (order questions about the
+    last event fail), which the per-category table shows; it is not a substitute for an LLM judge.
+    """
+
+    identity = "rule"
+
+    def choose(self, asks: Sequence[Ask]) -> list[str | None]:
+        return [self._one(ask) for ask in asks]
+
+    @staticmethod
+    def _one(ask: Ask) -> str | None:
+        named = {w for choice in ask.choices for w in _WORD.findall(choice.lower())}
+        wanted = set(_WORD.findall(ask.question.lower())) - _STOP - named  # the subject, not the options
+        parts = sentences(ask.caption)
+        ranked = sorted(range(len(parts)), key=lambda i: (-len(wanted & set(_WORD.findall(parts[i].lower()))), i))
+        longest_first = sorted(range(len(ask.choices)), key=lambda k: -len(ask.choices[k]))
+        for i in ranked:
+            claimed: list[tuple[int, int]] = []
+            first: dict[int, int] = {}
+            for k in longest_first:
+                for match in _phrase(ask.choices[k]).finditer(parts[i]):
+                    start, end = match.span()
+                    if not any(start < e and s < end for s, e in claimed):
+                        claimed.append((start, end))
+                        first.setdefault(k, start)
+            if first:
+                return LETTERS[min(first, key=first.get)]
+        return None
+
+
+def _best_letters(scores: Sequence[Sequence[float]], asks: Sequence[Ask]) -> list[str | None]:
+    """The argmax over each ask's own letters (the first ``len(choices)`` columns)."""
+    out: list[str | None] = []
+    for row, ask in zip(scores, asks):
+        own = list(row[: len(ask.choices)])
+        best = max(range(len(own)), key=lambda k: own[k])
+        out.append(LETTERS[best] if own[best] != float("-inf") else None)
+    return out
+
+
+class LocalJudge:
+    """A local HF causal LM (``agentcap.judges.examiner.CausalLMJudge``): one forward pass per batch,
+    the next-token logits at the answer position over the option letters."""
+
+    def __init__(self, judge: CausalLMJudge, identity: str):
+        self.judge, self.identity = judge, identity
+        self.letter_ids: list[int] | None = None
+
+    def _find_letter_ids(self, prompt: str) -> list[int]:
+        """The token ids of A–J as the tokenizer writes them right after a real prompt (no space after
+        whitespace, one space after "Answer:"), as the cloze examiner finds its A–E."""
+        encode = self.judge.encode
+        base = encode([prompt])[0]
+        for gap in (("", " ") if prompt[-1:].isspace() else (" ", "")):
+            ids = []
+            for letter in LETTERS:
+                full = encode([prompt + gap + letter])[0]
+                if len(full) <= len(base) or full[: len(base)] != base:
+                    break
+                ids.append(full[len(base)])
+            if len(ids) == len(LETTERS) and len(set(ids)) == len(LETTERS):
+                return ids
+        raise ValueError(f"{self.identity}: the judge's tokenizer has no distinct single tokens for the letters A–J")
+
+    @torch.inference_mode()
+    def choose(self, asks: Sequence[Ask]) -> list[str | None]:
+        if not asks:
+            return []
+        prompts = [self.judge.render(judge_prompt(a)) for a in asks]
+        if self.letter_ids is None:
+            self.letter_ids = self._find_letter_ids(prompts[0])
+        ids = self.judge.encode(prompts)
+        wanted = torch.tensor(self.letter_ids, device=self.judge.device)
+        scores = torch.empty((len(asks), len(LETTERS)))
+        for group in self.judge.batches(ids):
+            batch = self.judge.batch_tensors([ids[i] for i in group])
+            positions = (batch["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)
+            logits = self.judge.forward(**batch, position_ids=positions, logits_to_keep=1).logits  # [B, 1, V]
+            scores[group] = logits[:, -1, wanted].float().cpu()
+        return _best_letters(scores.tolist(), asks)
+
+
+class ServedJudge:
+    """A judge on an OpenAI-compatible server (``vllm serve``): one chat completion per ask, one token,
+    greedy, restricted to the ask's letters (``allowed_token_ids`` and ``logit_bias``), read from the
+    top log-probs as :class:`agentcap.judges.served.ServedExaminer` reads A–E."""
+
+    def __init__(self, client: ServedClient):
+        self.client = client
+        self.identity = f"served:{client.url}#{client.model}"
+        self._ids: list[int] | None = None
+
+    @property
+    def letter_ids(self) -> list[int]:
+        if self._ids is None:
+            ids = [self.client.tokenize(letter) for letter in LETTERS]
+            if any(len(x) != 1 for x in ids) or len({x[0] for x in ids}) != len(LETTERS):
+                raise ValueError(f"{self.identity}: the tokenizer does not give A–J one distinct token each ({ids})")
+            self._ids = [x[0] for x in ids]
+        return self._ids
+
+    def choose(self, asks: Sequence[Ask]) -> list[str | None]:
+        payloads = []
+        for ask in asks:
+            ids = self.letter_ids[: len(ask.choices)]
+            payloads.append({
+                "model": self.client.model, "messages": [{"role": "user", "content": judge_prompt(ask)}],
+                "max_tokens": 1, "temperature": 0.0, "logprobs": True, "top_logprobs": len(ids),
+                "allowed_token_ids": ids, "logit_bias": {str(i): 100 for i in ids},
+            })
+        scores = []
+        for reply, ask in zip(self.client.map("/chat/completions", payloads), asks):
+            choice = reply["choices"][0]
+            row = [float("-inf")] * len(LETTERS)
+            content = (choice.get("logprobs") or {}).get("content") or [{}]
+            for entry in content[0].get("top_logprobs", []):
+                letter = entry["token"].strip()
+                if letter in LETTERS[: len(ask.choices)] and row[LETTERS.index(letter)] == float("-inf"):
+                    row[LETTERS.index(letter)] = float(entry["logprob"])
+            chosen = ((choice.get("message") or {}).get("content") or "").strip()
+            if all(v == float("-inf") for v in row) and chosen in LETTERS[: len(ask.choices)]:
+                row[LETTERS.index(chosen)] = 0.0  # a server that reports no log-probs: its greedy token
+            scores.append(row)
+        return _best_letters(scores, asks)
+
+
+def served_models(url: str, timeout: float = 30.0) -> list[str]:
+    """The model names an OpenAI-compatible server serves (``GET <url>/models``)."""
+    with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=timeout) as response:
+        return [m["id"] for m in json.loads(response.read()).get("data", [])]
+
+
+def parse_judge_spec(text: str, flag: str = "--judge") -> str | dict[str, Any]:
+    """A judge given on the command line: ``rule``, a model folder, ``URL#MODEL``, a bare URL (the
+    server's only model), or a JSON object ``{"url", "model", ...}`` (``build_examiner``'s forms)."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{flag}: not a valid JSON object ({err.msg}): {text!r}") from None
+        if not isinstance(spec, dict):
+            raise ValueError(f"{flag}: expected a JSON object, got {text!r}")
+        return spec
+    if text.startswith(("http://", "https://")):
+        url, _, model = text.partition("#")
+        if not model:
+            names = served_models(url)
+            if len(names) != 1:
+                raise ValueError(f"{flag}: {url} serves {names}; name one as {url}#MODEL")
+            model = names[0]
+        return {"url": url, "model": model}
+    if text != "rule" and not os.path.isdir(text):
+        raise ValueError(f"{flag}: {text!r} is not 'rule', a model folder, a http(s) URL or a JSON object")
+    return text
+
+
+def build_benchmark_judge(spec: str | Mapping[str, Any], device: str = "cpu") -> BenchmarkJudge:
+    """The benchmark judge for a spec as :func:`agentcap.judges.build.build_examiner` takes it."""
+    if isinstance(spec, Mapping):
+        if "vllm" in spec:
+            raise ValueError("--judge: a vLLM engine in process is not supported here; serve the model "
+                             "(`vllm serve`) and give URL#MODEL (docs/vllm.md)")
+        return ServedJudge(served_judge_client(dict(spec), "--judge"))
+    if spec == "rule":
+        return RuleJudge()
+    from agentcap.judges.pool import causal_lm
+
+    return LocalJudge(CausalLMJudge(*causal_lm(spec, device)), f"local:{os.path.abspath(spec)}")
+
+
+# --- caches ----------------------------------------------------------------------------------------
+def cache_key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+class JsonlCache:
+    """``key → value`` kept as appended JSON lines (flushed each), read back whole on open."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.values: dict[str, Any] = {}
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as handle:
+                for line in handle:
+                    try:
+                        entry = json.loads(line)
+                    except json.JSONDecodeError:  # a line cut short by a killed run: asked again
+                        continue
+                    self.values[entry["key"]] = entry["value"]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.values
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    def put(self, entries: Mapping[str, Any]) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            for key, value in entries.items():
+                handle.write(json.dumps({"key": key, "value": value}) + "\n")
+        self.values.update(entries)
+
+
+def captioner_identity(config: str, checkpoint: str | None) -> str:
+    """What the captions depend on: the config's text and the checkpoint file (path, size, mtime)."""
+    with open(config, "rb") as handle:
+        text = hashlib.sha256(handle.read()).hexdigest()
+    weights = "untrained"
+    if checkpoint and os.path.isfile(checkpoint):
+        stat = os.stat(checkpoint)
+        weights = f"{os.path.abspath(checkpoint)}:{stat.st_size}:{stat.st_mtime_ns}"
+    return f"{text}|{weights}"
+
+
+# --- the run ---------------------------------------------------------------------------------------
+def read_benchmark(path: str) -> list[dict[str, Any]]:
+    """The benchmark manifest's rows, each checked by ``check_benchmark_row`` (errors name file:line)."""
+    rows = read_manifest(path, check=check_benchmark_row)
+    for row in rows:
+        row["_clip"] = os.path.abspath(resolve(row["audio"], row["_manifest"]))
+    return rows
+
+
+#: ``captioner(clip paths) -> {path: {"caption": str} or {"error": str}}``
+Captioner = Callable[[Sequence[str]], Mapping[str, Mapping[str, Any]]]
+
+
+def evaluate_benchmark(
+    rows: Sequence[Mapping[str, Any]], captioner: Captioner, captioner_id: str, judge: BenchmarkJudge, out_dir: str
+) -> dict[str, Any]:
+    """Caption the rows' distinct clips (cached), ask the judge every question (cached), and write
+    ``benchmark_items.jsonl`` and ``benchmark_summary.json`` to ``out_dir``; returns the summary."""
+    captions = JsonlCache(os.path.join(out_dir, "cache", "captions.jsonl"))
+    answers = JsonlCache(os.path.join(out_dir, "cache", "answers.jsonl"))
+    clips = list(dict.fromkeys(row["_clip"] for row in rows))
+    key_of = {clip: cache_key(captioner_id, clip) for clip in clips}
+    missing = [clip for clip in clips if key_of[clip] not in captions]
+    errors: dict[str, str] = {}
+    if missing:
+        made = captioner(missing)
+        captions.put({key_of[c]: made[c]["caption"] for c in missing if made.get(c, {}).get("caption") is not None})
+        errors = {c: str(made.get(c, {}).get("error") or "no caption returned") for c in missing
+                  if made.get(c, {}).get("caption") is None}  # not cached: a rerun tries the clip again
+
+    asks: dict[str, Ask] = {}
+    for row in rows:
+        if row["_clip"] not in errors:
+            ask = Ask(captions[key_of[row["_clip"]]], row["question"], tuple(row["choices"]))
+            asks.setdefault(cache_key(judge.identity, PROMPT_VERSION, ask.caption, ask.question, ask.choices), ask)
+    unasked = [key for key in asks if key not in answers]
+    if unasked:
+        answers.put(dict(zip(unasked, judge.choose([asks[k] for k in unasked]))))
+
+    items = []
+    for row in rows:
+        item = {"id": row["id"], **{g: row.get(g) for g in GROUPS}, "audio": row["audio"],
+                "question": row["question"], "choices": row["choices"], "answer": row["answer"]}
+        if row["_clip"] in errors:
+            item.update(caption=None, letter=None, correct=False, error=errors[row["_clip"]])
+        else:
+            caption = captions[key_of[row["_clip"]]]
+            letter = answers[cache_key(judge.identity, PROMPT_VERSION, caption, row["question"], tuple(row["choices"]))]
+            item.update(caption=caption, letter=letter, correct=letter == row["answer"])
+        items.append(item)
+    summary = {"judge": judge.identity, "prompt_version": PROMPT_VERSION, **accuracy_report(items),
+               "failed_clips": len(errors)}
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "benchmark_items.jsonl"), "w", encoding="utf-8") as handle:
+        for item in items:
+            handle.write(json.dumps(item) + "\n")
+    with open(os.path.join(out_dir, "benchmark_summary.json"), "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=2)
+    return summary
+
+
+def _tally(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    correct = sum(bool(i["correct"]) for i in items)
+    return {"count": len(items), "correct": correct, "accuracy": correct / len(items) if items else float("nan")}
+
+
+def accuracy_report(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Accuracy overall and per value of each of :data:`GROUPS` (count, correct, accuracy each). A
+    question whose clip could not be captioned counts as wrong and is counted under ``uncaptioned``;
+    one the judge left unanswered counts as wrong and under ``unanswered``."""
+    by: dict[str, dict[str, Any]] = {}
+    for group in GROUPS:
+        values = sorted({i[group] for i in items if i.get(group) is not None})
+        if values:
+            by[group] = {v: _tally([i for i in items if i.get(group) == v]) for v in values}
+    return {
+        "overall": _tally(items), "by": by,
+        "uncaptioned": sum(i.get("caption") is None for i in items),
+        "unanswered": sum(i.get("caption") is not None and i.get("letter") is None for i in items),
+    }
+
+
+def benchmark_table(summary: Mapping[str, Any], title: str = "caption-as-evidence accuracy") -> str:
+    """The summary as plain text: one line overall, then one per group value."""
+    lines = [("all", "", summary["overall"])]
+    for group, values in summary["by"].items():
+        lines += [(group, value, tally) for value, tally in values.items()]
+    rows = [("group", "value", "n", "accuracy")] + [
+        (g, str(v), str(t["count"]), f"{100 * t['accuracy']:.1f}%") for g, v, t in lines
+    ]
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    text = [" | ".join(cell.rjust(w) if c >= 2 else cell.ljust(w) for c, (cell, w) in enumerate(zip(r, widths)))
+            for r in rows]
+    notes = [f"judge {summary['judge']}, prompt {summary['prompt_version']}"]
+    if summary.get("uncaptioned"):
+        notes.append(f"{summary['uncaptioned']} questions without a caption ({summary['failed_clips']} clips "
+                     "failed), counted wrong")
+    if summary.get("unanswered"):
+        notes.append(f"{summary['unanswered']} questions the judge left unanswered, counted wrong")
+    return "\n".join([title, text[0], "-+-".join("-" * w for w in widths), *text[1:], *notes])
