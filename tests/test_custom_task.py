@@ -89,6 +89,7 @@ def test_envs_lists_only_matching_ids_and_imports_nothing_else(capsys, monkeypat
     assert listed(capsys, "cloze") == ["agentcap/ClozeCaption-v0"]  # substring, case-insensitive
     assert loaded == ["agentcap_envs.cloze_caption:ClozeCaptionEnv"]  # only what is listed is imported
     assert listed(capsys, "agentcap/*Game-v?") == ["agentcap/EvidenceGame-v0"]  # fnmatch
+    assert "agentcap/TextRewards-v0" in listed(capsys, "agentcap_envs")  # a package: the ids it implements
     assert envs_command(["no-such-task"]) == 1
     assert "no registered id matches" in capsys.readouterr().err
 

@@ -34,7 +34,7 @@ def envs_command(argv: list[str]) -> int:
     load_env_plugins()
     wanted = [_import_for(pattern) for pattern in patterns]
     if wanted:
-        chosen = [i for i in gym.registry if any(_matches(i, p) for p in wanted)]
+        chosen = [i for i, spec in gym.registry.items() if any(_matches(i, spec, *w) for w in wanted)]
     else:
         chosen = [i for i in gym.registry if i.startswith("agentcap/") or i not in gymnasium_own]
     if not chosen:
@@ -48,24 +48,29 @@ def envs_command(argv: list[str]) -> int:
     return 0
 
 
-def _import_for(pattern: str) -> str:
-    """Import the module a pattern names (``module:PATTERN``, or a bare importable package name) and
-    return the pattern to match ids against."""
+def _import_for(pattern: str) -> tuple[str, str | None]:
+    """Import the module a pattern names (``module:PATTERN``, or a bare importable package name);
+    return the pattern to match ids against and that module (None for a plain pattern)."""
     module, _, rest = pattern.rpartition(":")
     if module:
         importlib.import_module(module)
-        return rest or "*"
+        return rest or "*", module
     top = pattern.split(".")[0]
     if pattern.replace(".", "").replace("_", "").isalnum() and top not in sys.stdlib_module_names:
         try:
             if importlib.util.find_spec(pattern) is not None:
                 importlib.import_module(pattern)  # it registers its own environments
+                return pattern, pattern
         except (ImportError, ValueError):
             pass  # not a module: only a pattern
-    return pattern
+    return pattern, None
 
 
-def _matches(env_id: str, pattern: str) -> bool:
+def _matches(env_id: str, spec: Any, pattern: str, module: str | None) -> bool:
+    """An id matches by substring or fnmatch; a bare module name also matches the ids it implements."""
+    entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(spec.entry_point, "__module__", "")
+    if module is not None and pattern == module and entry.split(":")[0].split(".")[0] == module.split(".")[0]:
+        return True
     env_id, pattern = env_id.lower(), pattern.lower()
     return pattern in env_id or fnmatch.fnmatchcase(env_id, pattern)
 
