@@ -10,7 +10,6 @@ and wrong types are refused by jsonargparse before anything is built.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -18,32 +17,37 @@ import warnings
 from typing import Any, Literal
 
 import yaml
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 import agentcap.parallel.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn / grpo_fsdp)
 from agentcap.agents.agent import MissingWeightsError
 from agentcap.core.settings import ConfigError
-from agentcap.evaluation.table import results_table
+from agentcap.commands.menu import COMMANDS, did_you_mean, refuse_unknown
 from agentcap.parallel.signals import StopOnSignal, stop_on_signals
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint, usable_checkpoint
 from agentcap.resume.configs import config_paths, read_config
 from agentcap.resume.guard import changed_keys, move_aside
 from agentcap.resume.run_dir import RunLock, check_writable
-from agentcap.training.callbacks import SampleTable, TickStep
+from agentcap.training.callbacks import print_results
 from agentcap.training.finite import NonFiniteError
 from agentcap.training.module import GRPOModule
 
-#: Subcommands outside LightningCLI: name → ("module:function" taking argv, returning an exit code;
-#: the one-line help ``agentcap --help`` lists). Add a command by adding a line.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "envs": ("agentcap.commands.envs:envs_command", "List the registered agentcap environments."),
-    "caption": ("agentcap.commands.caption:caption_command", "Caption clips or audio files with a trained system."),
-    "evaluate": ("agentcap.commands.evaluate:evaluate_command",
-                 "The papers' metrics (BLEU, METEOR, ROUGE-L, CIDEr, R@k/N, …) for a run or predictions."),
-    "export": ("agentcap.commands.export:export_command", "Write each trained agent as a save_pretrained folder."),
-    "plan": ("agentcap.commands.plan:plan_command", "Memory per rank and stage of a config, from config.json files alone."),
-    "data": ("agentcap.commands.data:data_command", "Convert public datasets to manifests (convert); build question banks (bank)."),
-}
+
+class SuggestingParser(LightningArgumentParser):
+    """An unknown flag or config key is refused in two lines naming the nearest known one, instead of
+    the subcommand's whole usage (hundreds of lines of Trainer flags) and no suggestion."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        parser = getattr(ex, "subcommand_parser", None) or self
+        subcommands = getattr(parser, "_subcommands_action", None)  # a config file's key: the subcommands' options
+        parsers = [parser, *(subcommands._name_parser_map.values() if subcommands is not None else [])]
+        message += did_you_mean(message, [o for p in parsers for a in p._actions for o in a.option_strings
+                                          if o.startswith("--")])
+        if not self.exit_on_error or callable(self._error_handler):
+            return super().error(message, ex)
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"{prog}: error: {message}\n(its options: {prog} --help)\n")
+        raise SystemExit(2)
 
 
 class AgentcapCLI(LightningCLI):
@@ -92,20 +96,35 @@ class AgentcapCLI(LightningCLI):
             trainer["strategy"] = "grpo_" + trainer["strategy"]
         child_run_names(trainer.get("logger"), self.subcommand)
         _loggers_into_run_dir(trainer, self.run_config["model"]["run_dir"])
+        if _has_model_checkpoint(trainer.get("callbacks")):
+            trainer["enable_checkpointing"] = True  # a ModelCheckpoint needs it; no flag to remember
         # before the module writes its vocabulary, or validate evaluates and then cannot save
         check_writable(self.run_config["model"]["run_dir"], f"agentcap {self.subcommand}")
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         config = self.run_config
+        # the module adds its other callbacks (GRPOModule.configure_callbacks) and keeps this one
         self.trainer.callbacks.append(
             TickCheckpoint(every=config.get("checkpoint_every", 10), keep=config.get("checkpoint_keep", 3))
         )
-        self.trainer.callbacks.append(SampleTable())
-        self.trainer.callbacks.insert(0, TickStep())
         for logger in self.trainer.loggers:  # Lightning passes wandb a setting it deprecates ("anonymous")
             if getattr(logger, "_wandb_init", {}).get("anonymous", True) is None:
                 logger._wandb_init.pop("anonymous")
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        """Our stage bar is the default console (``agentcap.training.console``), unless the config
+        turns the bar off or brings its own."""
+        from lightning.pytorch.callbacks import ProgressBar
+
+        from agentcap.training.console import StageProgressBar
+
+        configured = list(callbacks)
+        for given in (config.get("callbacks"), self.trainer_defaults.get("callbacks")):
+            configured += given if isinstance(given, list) else [given] if given is not None else []
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in configured):
+            callbacks = [*callbacks, StageProgressBar()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def log_config(self) -> None:
         """The resolved config, as `config.yaml` holds it, to every logger."""
@@ -117,12 +136,7 @@ class AgentcapCLI(LightningCLI):
 
     def print_results(self) -> None:
         """The table of every evaluated stage in ``summary.json`` (schedule order), on the console."""
-        path = self.model.write_summary()
-        with open(path, encoding="utf-8") as handle:
-            summary = json.load(handle)
-        order = [s.name for s in self.model.schedule.stages if s.kind == "evaluate"]
-        print(results_table(summary, title=f"agentcap {self.subcommand}: {self.model.run_dir}", order=order))
-        print(os.path.abspath(path))
+        print_results(self.model, f"agentcap {self.subcommand}")
 
     _lock: RunLock | None = None
 
@@ -200,11 +214,11 @@ class AgentcapCLI(LightningCLI):
 
     before_test = before_predict = before_validate
 
-    def after_fit(self) -> None:
+    def after_validate(self) -> None:  # fit's table comes from the module's ResultsTable callback
         if self.trainer.is_global_zero:
             self.print_results()
 
-    after_validate = after_test = after_fit
+    after_test = after_validate
 
 
 def child_run_names(logger: Any, subcommand: str | None) -> None:
@@ -235,6 +249,24 @@ class RunConfig(SaveConfigCallback):
                              overwrite=True)
 
 
+def _has_model_checkpoint(callbacks: Any) -> bool:
+    """Whether the configured trainer callbacks (class_path entries) hold a ``ModelCheckpoint``."""
+    import importlib
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    for entry in callbacks if isinstance(callbacks, list) else [callbacks]:
+        path = str(entry.get("class_path", "")) if hasattr(entry, "get") else ""
+        module, _, name = path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name) if module else None
+        except (ImportError, AttributeError):
+            continue  # jsonargparse names the bad class_path itself
+        if isinstance(entry, ModelCheckpoint) or (isinstance(cls, type) and issubclass(cls, ModelCheckpoint)):
+            return True
+    return False
+
+
 def _loggers_into_run_dir(trainer: Any, run_dir: str) -> None:
     """Point every configured logger's ``save_dir`` at the run's folder."""
     loggers = trainer.get("logger")
@@ -255,6 +287,8 @@ def _loggers_into_run_dir(trainer: Any, run_dir: str) -> None:
 QUIET = (
     # manual optimisation: each stage builds its own AdamW, so configure_optimizers returns None
     r".*this fit will run with no optimizer",
+    # ModelCheckpoint(every_n_train_steps) under manual optimisation: a tick's checkpoint after its update is the point
+    r".*Using ModelCheckpoint with manual optimization and every_n_train_steps",
     # frozen agents (and every agent before its stage) are in eval mode by design
     r".*module\(s\) in eval mode",
     # the tick loader has a length and no workers
@@ -286,6 +320,7 @@ def quiet() -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("WANDB_MODE", "offline" if not os.environ.get("WANDB_API_KEY") else "online")
+    refuse_unknown(argv)  # `agentcap fti`: "did you mean 'fit'?", not LightningCLI's list of choices
     quiet()
     if argv and argv[0] in COMMANDS:
         import importlib
@@ -300,6 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with stop_on_signals():  # SIGTERM / SIGUSR1: save between ticks, exit 128 + signal (never 0)
             AgentcapCLI(GRPOModule, datamodule_class=None, args=None, save_config_callback=RunConfig,
+                        parser_class=SuggestingParser,
                         save_config_kwargs={"overwrite": True}, trainer_defaults={"callbacks": [StopOnSignal()]})
     except MissingWeightsError as err:
         print(f"agentcap: {err}{_demo_hint(argv)}", file=sys.stderr)

@@ -111,3 +111,49 @@ def test_main_with_argv_does_not_warn_about_the_command_line(tmp_path, toy_movie
     assert not any("command line" in m for m in messages), messages
     assert not any("no optimizer" in m or "eval mode" in m for m in messages), messages
     assert sys.argv == ["agentcap", "validate", "--config", str(config)]
+
+
+def test_help_is_short_and_imports_neither_torch_nor_lightning():
+    """`agentcap --help`, `fit --help` and `caption --help` answer from agentcap.launcher alone (timing:
+    tools/bench_help.py); `fit --help` is agentcap's and the model's options, not 661 lines of Trainer flags."""
+    probe = (
+        "import contextlib, io, sys\n"
+        "from agentcap.launcher import main\n"
+        "for argv in (['--help'], ['fit', '--help'], ['caption', '--help'], ['validate', '-h']):\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+        "        main(argv)\n"
+        "    print(len(out.getvalue().splitlines()), 'usage:' in out.getvalue())\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    *pages, imported = result.stdout.strip().splitlines()
+    assert imported == "[]"
+    assert all(page.endswith("True") for page in pages) and int(pages[1].split()[0]) < 150
+
+
+def test_fit_help_names_the_model_options_and_the_full_page(capsys):
+    from agentcap.launcher import main as launch
+
+    with pytest.raises(SystemExit) as exit_info:
+        launch(["fit", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--model.group_size int  (default: 4)" in out and "G, rollouts per item." in out
+    assert "--resume {auto,anyway,fresh}" in out and "--help=full" in out and "--trainer.max_epochs" not in out
+    with pytest.raises(SystemExit):
+        launch(["fit", "--help=full"])
+    assert "--trainer.max_epochs" in capsys.readouterr().out
+
+
+def test_unknown_flag_or_config_key_names_the_nearest_option(tmp_path, capsys):
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("model:\n  grup_size: 3\n")
+    for extra in (["--model.grup_size", "3"], ["--config", str(typo)]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", "--config", str(ROOT / "configs/demo/read.yaml"), *extra, "--print_config"])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "grup_size" in err and "did you mean '--model.group_size'?" in err, err
+        assert len(err.strip().splitlines()) <= 3, err  # not the 600 lines of usage

@@ -17,13 +17,9 @@ import os
 import sys
 from typing import Any
 
-import torch
-
 from agentcap.commands.outputs import JsonlOutput, check_output
-from agentcap.core.manifests import ManifestError, NoUsableRows, warn_truncation
-from agentcap.resume.checkpoints import latest_checkpoint
-from agentcap.resume.loading import load_module
-from agentcap.rollout.driver import RolloutDriver
+
+# torch and the modules that import it load after the arguments parse: `agentcap caption --help` stays fast
 
 
 def caption_command(argv: list[str]) -> int:
@@ -39,6 +35,10 @@ def caption_command(argv: list[str]) -> int:
     parser.add_argument("--out", default="captions.jsonl", help="JSONL output")
     parser.add_argument("--limit", type=int, default=None, help="caption at most this many items")
     args = parser.parse_args(argv)
+    from agentcap.core.manifests import NoUsableRows
+    from agentcap.resume.checkpoints import latest_checkpoint
+    from agentcap.resume.loading import load_module
+
     inputs = {"--config": args.config, "--manifest": args.manifest, "--checkpoint": args.checkpoint,
               "--audio file": args.audio}
     check_output("agentcap caption", "--out", args.out, inputs)  # before any work: a wrong --out costs nothing
@@ -87,6 +87,11 @@ def caption_command(argv: list[str]) -> int:
 def caption_items(args: argparse.Namespace, module: Any, env: Any, split: str, overrides: dict[str, Any],
                   out: "Outcome") -> None:
     """Caption the ``--audio`` files or the manifest's items, batch by batch, into ``out``."""
+    import torch
+
+    from agentcap.core.manifests import ManifestError, warn_truncation
+    from agentcap.rollout.driver import RolloutDriver
+
     if args.audio:
         items: list[dict[str, Any]] = []
         for path in args.audio:
@@ -146,6 +151,8 @@ class Outcome(JsonlOutput):
             print(f"    {step['agent']}/{step['kind']}: {step['text']}")
 
     def failed(self, item: dict[str, Any], err: BaseException) -> None:
+        from agentcap.core.manifests import ManifestError
+
         message = str(err) if isinstance(err, ManifestError) else f"{type(err).__name__}: {err}"
         self._write({"id": item.get("id"), "where": item.get("_where"), "caption": None, "error": message})
         self.counts["failed"] += 1

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import torch
 
 from agentcap.core.manifests import read_manifest, resolve
+from agentcap.core.settings import ConfigError, check
 from agentcap.data.benchmark_rows import LETTERS, check_benchmark_row
 from agentcap.judges.examiner import CausalLMJudge, sentences
 from agentcap.judges.served import ServedClient, served_judge_client
@@ -365,6 +366,38 @@ def evaluate_benchmark(
     with open(os.path.join(out_dir, "benchmark_summary.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
     return summary
+
+
+@dataclass
+class BenchmarkConfig:
+    """``--model.benchmark``: every greedy ``evaluate`` stage also reports caption-as-evidence accuracy
+    on this benchmark, with the protocol and code of ``agentcap evaluate --benchmark`` (ACE-Cap Fig. 4
+    reports it per stage).
+
+    Args:
+        path: a benchmark manifest (docs/data.md), e.g. ``data/toy_soundscapes/benchmark.jsonl``.
+        judge: ``rule``, a model folder, ``URL#MODEL`` or a JSON object ``{url, model}`` (``--judge``).
+        limit: ask at most this many questions, the file's first (None: all).
+    """
+
+    path: str
+    judge: str = "rule"
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("path", "judge"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"--model.benchmark.{name} must be a non-empty string, got {value!r}")
+        check("--model.benchmark.limit", self.limit, "≥ 1")
+
+
+def stage_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """An ``evaluate_benchmark`` summary as an evaluate stage's metrics: ``benchmark/accuracy`` and
+    ``benchmark/<category>`` for each category the questions name."""
+    by_category = summary["by"].get("category", {})
+    return {"benchmark/accuracy": float(summary["overall"]["accuracy"]),
+            **{f"benchmark/{name}": float(tally["accuracy"]) for name, tally in by_category.items()}}
 
 
 def _tally(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,12 +33,14 @@ def evaluate_rollouts(
     seed: int,
     captioning: Any = None,
     rows: list[dict[str, Any]] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, float]:
     """Means of the reward, each component and each numeric episode extra over the first ``limit``
     items (an item lacking a value, or whose value is NaN, does not count towards that mean); with
     ``captioning``, also the papers' metrics. ``rows`` (a list), on every rank, receives one row per
     evaluated item in item order (:func:`agentcap.evaluation.tasks.item_row`): what
-    ``<run_dir>/eval/<stage>.jsonl`` holds."""
+    ``<run_dir>/eval/<stage>.jsonl`` holds. ``progress(done, total)`` hears this rank's items as they
+    finish (the console's evaluation bar)."""
     env = driver.scorer.unwrapped
     n = len(env.items)
     indices = list(range(n if limit is None else min(n, limit)))
@@ -45,6 +48,8 @@ def evaluate_rollouts(
     local: list[tuple[int, dict[str, Any]]] = []
     chunk = max(1, chunk)
     calls = most(-(-len(mine) // chunk))  # as many rollout calls on every rank (sharded agents step together)
+    if progress is not None:
+        progress(0, len(mine))
     for start in range(0, calls * chunk, chunk):
         part = mine[start : start + chunk]
         batch = driver.run(
@@ -52,6 +57,8 @@ def evaluate_rollouts(
         )
         for index, episode, score in zip(part, batch.episodes, batch.scores):
             local.append((index, item_row(env, index, episode, score)))
+        if progress is not None and part:
+            progress(len(local), len(mine))
     every = sorted((pair for part in gather_objects(local) for pair in part), key=lambda pair: pair[0])
     ordered = [row for _, row in every]
     result = means(ordered)

@@ -13,8 +13,7 @@ over seeds nobody tuned on, with an interval. For each metric this prints
   questions as the clip has events, minus when it asked fewer (within clips of equal event count).
   The stop utility (Eq. 15) sees only the final caption, so evidence that c^F drops earns nothing.
 
-No scipy here: the t quantile comes from the regularised incomplete beta function (Lentz's
-continued fraction) inverted by bisection, checked against tables in tests/test_seed_stats.py.
+The t quantiles are scipy.stats', checked against printed tables in tests/test_seed_stats.py.
 
     python tools/seed_stats.py read 5 6 7 --pairs before_grpo:after_grpo
 """
@@ -29,6 +28,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import scipy.stats
+
 from agentcap.evaluation.items import read_eval_items
 
 # Seeds the demo recipes were tuned on in earlier stops (issues 3, 4, 6); figures that claim a gain
@@ -37,56 +38,16 @@ TUNED_SEEDS = (0, 1, 2)
 
 
 # --- the t distribution -----------------------------------------------------------------------
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
 def t_cdf(t: float, df: float) -> float:
     """P(T ≤ t) for Student's t with ``df`` degrees of freedom."""
-    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
+    return float(scipy.stats.t.cdf(t, df))
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t (bisection on :func:`t_cdf`, to 1e-10)."""
+    """The ``p`` quantile of Student's t."""
     if not 0.0 < p < 1.0 or df <= 0:
         raise ValueError(f"need 0 < p < 1 and df > 0, got p={p}, df={df}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < p:
-        low, high = high, high * 2.0
-    while high - low > 1e-10 * max(1.0, high):
-        mid = 0.5 * (low + high)
-        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
-    return 0.5 * (low + high)
+    return float(scipy.stats.t.ppf(p, df))
 
 
 # --- summaries --------------------------------------------------------------------------------

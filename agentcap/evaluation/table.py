@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
 from agentcap.evaluation.captioning import CAPTION_METRICS
 
@@ -29,15 +34,21 @@ def _cell(value) -> str:
 def results_table(
     summary: Mapping[str, Mapping[str, float]], title: str = "held-out results", order: Sequence[str] = ()
 ) -> str:
-    """One row per metric, one column per evaluated stage, as plain text; stages named in ``order``
-    (the schedule's) come first, in that order, then the rest as given."""
+    """One row per metric, one column per evaluated stage, as plain text (rich's ASCII table without
+    its frame, so logs and ``grep`` read it); stages named in ``order`` (the schedule's) come first,
+    in that order, then the rest as given."""
     stages = [s for s in order if s in summary] + [s for s in summary if s not in order]
     metrics = sorted({k for values in summary.values() for k in values}, key=_order)
     if not stages or not metrics:
         return f"{title}: nothing evaluated"
-    rows = [["metric", *stages]] + [[m, *(_cell(summary[s].get(m)) for s in stages)] for m in metrics]
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    lines = [" | ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(r, widths)))
-             for r in rows]
-    rule = "-+-".join("-" * w for w in widths)
-    return "\n".join([title, lines[0], rule, *lines[1:]])
+    table = Table(box=box.ASCII, show_edge=False, pad_edge=False, title=title, title_justify="left",
+                  title_style="", header_style="")
+    table.add_column("metric", no_wrap=True)
+    for stage in stages:
+        table.add_column(stage, justify="right", no_wrap=True)
+    for m in metrics:
+        table.add_row(m, *(_cell(summary[s].get(m)) for s in stages))
+    console = Console(file=io.StringIO(), width=100_000, color_system=None, highlight=False)
+    with console.capture() as captured:
+        console.print(table)
+    return "\n".join(line.rstrip() for line in captured.get().splitlines() if line.strip())

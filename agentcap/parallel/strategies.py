@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lightning.pytorch.core.optimizer import _MockOptimizer
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
 
@@ -59,10 +58,9 @@ class GRPOFSDPStrategy(ModelParallelStrategy):
         super().setup_environment()
 
     def optimizer_state(self, optimizer):
-        # the module checkpoints its own per-stage optimiser; Lightning's is a placeholder
-        if isinstance(optimizer, _MockOptimizer):
-            return {}
-        return super().optimizer_state(optimizer)
+        # the module checkpoints its own per-stage optimiser (resume.hooks); gathering it again
+        # for Lightning's copy would be a wasted collective
+        return {}
 
     def load_checkpoint(self, checkpoint_path, weights_only=None):
         from lightning.fabric.strategies.model_parallel import _load_checkpoint

@@ -30,6 +30,10 @@ class ResumeHooks:
             "reference": None if getattr(self._reference, "model", None) is None else model_state(self._reference.model),
             "replay": self.replay.state(active),
         }
+        # Lightning's copies of the stage's optimiser and schedule (the trainer holds them for its
+        # callbacks, training.optim.show_to_lightning): the entry above has them, once
+        if "optimizer_states" in checkpoint:
+            checkpoint["optimizer_states"], checkpoint["lr_schedulers"] = [], []
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("agentcap")

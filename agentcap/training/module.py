@@ -49,15 +49,18 @@ from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.algorithms.loop import normalize_by_type
 from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weights
 from agentcap.core.settings import ConfigError, check
+from agentcap.evaluation.benchmark import BenchmarkConfig
 from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
 from agentcap.judges.pool import shard_judges
 from agentcap.parallel import distributed
 from agentcap.parallel.sharding import is_sharded, load_model_state, load_optimizer_state, mixed_precision, shard_agents
+from agentcap.resume.checkpoints import TickCheckpoint
 from agentcap.resume.hooks import ResumeHooks
 from agentcap.rollout.driver import Span
 from agentcap.rollout.replay import Replay
 from agentcap.rollout.splits import EnvConfig, Splits
+from agentcap.training.callbacks import EvaluationStops, ResultsTable, SampleTable, TickStep
 from agentcap.training.logs import StepClock, emit, rollout_metrics, sample_rows, update_metrics
 from agentcap.training.old_policy import fill_old_logprobs, old_or_current
 from agentcap.training.optim import (
@@ -66,6 +69,7 @@ from agentcap.training.optim import (
     build_scheduler,
     check_trainable_precision,
     optimizer_step,
+    show_to_lightning,
 )
 from agentcap.training.schedule import Schedule, Stage
 
@@ -128,6 +132,8 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         seed: seeds sampling (per trajectory, from its global position) and the order of items.
         tis_cap: truncated importance sampling between a vLLM sampler and the learner: each
             token's surrogate is weighted by min(π_old / π_sampler, tis_cap); None (default) is off.
+        benchmark: every greedy ``evaluate`` stage also reports caption-as-evidence accuracy on this
+            benchmark (``{path, judge}``; ``agentcap.evaluation.hooks.stage_benchmark``).
     """
 
     def __init__(
@@ -156,6 +162,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         run_dir: str = "runs/agentcap",
         seed: int = 0,
         tis_cap: float | None = None,
+        benchmark: BenchmarkConfig | None = None,
     ):
         # every setting is checked before anything loads (ConfigError: `agentcap fit` prints one line)
         arguments = locals()
@@ -184,7 +191,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         self.sft_batch_size, self.max_grad_norm, self.weight_decay = sft_batch_size, max_grad_norm, weight_decay
         self.eval_limit, self.eval_metrics, self.generation_batch_size = eval_limit, eval_metrics, generation_batch_size
         self.sample_every, self.run_dir, self.seed = sample_every, run_dir, seed
-        self.tis_cap = tis_cap
+        self.tis_cap, self.benchmark = tis_cap, benchmark
         self.tick = 0
         self.summary: dict[str, dict[str, float]] = {}
         self.samples: list[dict[str, Any]] = []
@@ -214,7 +221,24 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
                       file=sys.stderr)
 
     def configure_optimizers(self):
-        return None  # one AdamW per stage, built in `_begin_stage`
+        return None  # one AdamW per stage, built in `_begin_stage` and then shown to the trainer
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """What every fit needs, also under a plain ``L.Trainer(...).fit(module)``: Lightning's step
+        kept at the tick, tick checkpoints (the trainer's own TickCheckpoint when it has one, e.g.
+        the CLI's ``--checkpoint_every`` / ``--checkpoint_keep``), sample tables, EarlyStopping
+        checked after each evaluate stage, and the results table when the fit ends."""
+        given = any(isinstance(c, TickCheckpoint) for c in self.trainer.callbacks)
+        return [TickStep(), *([] if given else [TickCheckpoint()]), SampleTable(), EvaluationStops(), ResultsTable()]
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """A stage begins as its first tick arrives, before callbacks see the batch: at
+        ``on_train_batch_start`` LearningRateMonitor already finds this stage's optimiser."""
+        if self._trainer is not None and self.trainer.training:
+            index, _ = self.schedule.locate(self.tick)
+            if index != self._stage_index:
+                self._begin_stage(index)
+        return batch
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_Ticks(self), batch_size=None)
@@ -233,7 +257,9 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         if index != self._stage_index:
             self._begin_stage(index)
         if stage.kind == "evaluate":
-            self.evaluate(stage)
+            result = self.evaluate(stage)
+            # the split's latest evaluation under one name: EarlyStopping(monitor="val/reward") compares them
+            self.log_dict({f"{stage.split}/{k}": v for k, v in result.items()}, logger=False, batch_size=1)
         elif stage.kind == "sft":
             self.sft_step(stage, step)
         else:
@@ -266,6 +292,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
                 self._scheduler.load_state_dict(restored["scheduler"])
             if self._reference is not None and restored.get("reference"):
                 load_model_state(self._reference.model, restored["reference"])
+        show_to_lightning(self._trainer, self._optimizer, self._scheduler, stage.agent)
         self._stage_index = index
         with_grad = {a.name for a in self.agents.values() if a.trainable_parameters()}
         assert len(with_grad) <= 1, f"several agents have gradients: {sorted(with_grad)}"
@@ -311,12 +338,20 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         metrics = {**rollout_metrics(batch, spans, agent.name, self.group_size), **update_metrics(stats, agent.name)}
         metrics.update(clock.metrics(sum(s.completion_ids.numel() for s in batch.spans)))
         self.log("reward/total", metrics["reward/total"], prog_bar=True, logger=False)
-        metrics.update({f"data/{split}/skipped_rows": float(n) for split, n in self.splits.skipped_rows.items()})
+        metrics.update(self._skipped_rows())
         metrics["stage"] = float(self._stage_index or 0)
+        metrics[f"lr/{agent.name}"] = self._optimizer.param_groups[0]["lr"]  # this step's
         self._emit(metrics)
         if step % max(self.sample_every, 1) == 0:  # the first step of every stage, then every N
             self.samples = sample_rows(batch, stage.name, self.tick, self.group_size,
                                        reference_field(driver.scorer.unwrapped))
+
+    def _skipped_rows(self) -> dict[str, float]:
+        """``data/<split>/skipped_rows`` of the splits whose count is new or changed: logged once, not every step."""
+        logged = self.__dict__.setdefault("_skipped_logged", {})
+        new = {split: n for split, n in self.splits.skipped_rows.items() if logged.get(split) != n}
+        logged.update(new)
+        return {f"data/{split}/skipped_rows": float(n) for split, n in new.items()}
 
     def update(self, agent: Agent, spans: Sequence[Span], keys: Sequence[tuple[int, int]]) -> dict[str, float]:
         """``ppo_epochs`` passes of clipped updates; each minibatch is drawn over every rank's spans
@@ -403,7 +438,8 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         optimizer_step(agent, self._optimizer, self.max_grad_norm, self._where(), loss_sum)
         value = distributed.global_sums([loss_sum], self.device)[0]  # the ranks' shares of the global token mean
         self.log(f"loss/{agent.name}/sft", value, prog_bar=True, logger=False)
-        self._emit({f"loss/{agent.name}/sft": value, "stage": float(self._stage_index or 0)})
+        self._emit({f"loss/{agent.name}/sft": value, "stage": float(self._stage_index or 0),
+                    f"lr/{agent.name}": self._optimizer.param_groups[0]["lr"]})
 
     def _emit(self, metrics: dict[str, float]) -> None:
         emit(self.loggers, metrics, self.tick)

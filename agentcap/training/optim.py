@@ -6,7 +6,8 @@ precision rule for trained parameters.
 2. The lr schedule is per stage and advances once per stage step (one SFT step, or one GRPO
    rollout batch with all its minibatch updates): linear warm-up over ``warmup_steps`` from
    lr/warmup to lr, then ``constant``, ``linear`` (to 0 after the last step) or ``cosine`` decay.
-   Its state is checkpointed with the optimiser's.
+   Its state is checkpointed with the optimiser's. Both are registered as the trainer's own when the
+   stage begins (``show_to_lightning``), so Lightning's callbacks (``LearningRateMonitor``) see them.
 3. Micro-batches split an optimiser step's rows into forward/backward passes whose gradients add
    up; the loss weights are normalised by the whole step's token count (``token_weights``), so the
    sum equals one pass over all rows.
@@ -23,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
+from lightning.pytorch.utilities.types import LRSchedulerConfig
 
 from agentcap.agents.agent import Agent
 from agentcap.core.settings import ConfigError
@@ -83,6 +85,19 @@ def build_scheduler(optimizer: torch.optim.Optimizer, stage) -> torch.optim.lr_s
     """The stage's warm-up + decay as a LambdaLR, stepped once per stage step."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, stage.steps, stage.warmup_steps, stage.lr_schedule)
+    )
+
+
+def show_to_lightning(trainer: Any, optimizer: torch.optim.Optimizer | None, scheduler: Any, agent: str | None) -> None:
+    """Make the stage's optimiser and lr schedule the trainer's (``trainer.optimizers``,
+    ``trainer.lr_scheduler_configs``; none for an evaluation), where Lightning's callbacks look for
+    them: ``LearningRateMonitor`` logs ``lr-<agent>``. Under manual optimisation Lightning steps
+    neither; the module does, and checkpoints them itself (``resume.hooks``)."""
+    if trainer is None:
+        return
+    trainer.strategy.optimizers = [] if optimizer is None else [optimizer]
+    trainer.strategy.lr_scheduler_configs = (
+        [] if scheduler is None else [LRSchedulerConfig(scheduler, name=f"lr-{agent}", interval="step")]
     )
 
 

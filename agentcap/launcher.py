@@ -1,0 +1,127 @@
+"""The ``agentcap`` command's front door: ``--help``, the list of commands and typos are answered here
+without importing torch or Lightning (seconds on a busy machine); everything else runs in ``agentcap.cli``.
+
+``agentcap fit --help`` is a short page: agentcap's own options and the model's (read from the
+sources of ``agentcap/cli.py`` and ``GRPOModule``, not imported); ``--help=full`` is jsonargparse's
+page with Lightning's Trainer flags (~660 lines).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import re
+import sys
+import textwrap
+
+from agentcap.commands.menu import COMMANDS, LIGHTNING, overview, refuse_unknown
+
+HELP = ("-h", "--help")
+FULL_HELP = "--help=full"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in HELP:
+        print(overview(), file=sys.stdout if argv else sys.stderr)
+        raise SystemExit(0 if argv else 2)
+    refuse_unknown(argv)
+    name = argv[0]
+    if name in LIGHTNING and any(arg in HELP for arg in argv[1:]):
+        print(short_help(name))
+        raise SystemExit(0)
+    if name in COMMANDS and any(arg in HELP for arg in argv[1:]):  # the command's own argparse page
+        module, function = COMMANDS[name][0].split(":")
+        raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
+    from agentcap.cli import main as run
+
+    run(["--help" if arg == FULL_HELP else arg for arg in argv])
+
+
+def short_help(command: str) -> str:
+    """``agentcap fit --help``: agentcap's options and the model's, with their defaults and docs."""
+    lines = [f"usage: agentcap {command} --config CONFIG [--model.KEY VALUE ...] [--trainer.KEY VALUE ...]", "",
+             LIGHTNING[command], "", "options:"]
+    own = [("-c, --config CONFIG", "", "A YAML config (repeatable; later files and flags override earlier ones)."),
+           ("--print_config", "", "Print the resolved config and exit."),
+           ("--seed_everything SEED", "", "Seed of torch, numpy and random (the configs set it)."),
+           *_cli_options()]
+    if command != "fit":
+        own.append(("--ckpt_path PATH", "", "Evaluate this checkpoint instead of the run's newest."))
+    lines += _format(own)
+    lines += ["", "model options (--model.KEY; agentcap.training.module.GRPOModule):", *_format(_model_options()), "",
+              f"Lightning's Trainer flags (--trainer.*) and every nested option: agentcap {command} {FULL_HELP}",
+              "Shipped recipes: configs/ (agentcap fit --config configs/demo/read.yaml runs offline)."]
+    return "\n".join(lines)
+
+
+def _format(options: list[tuple[str, str, str]]) -> list[str]:
+    out = []
+    for flag, default, text in options:
+        out.append(f"  {flag}" + (f"  (default: {default})" if default else ""))
+        out += textwrap.wrap(text, 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return out
+
+
+def _source(*parts: str) -> ast.Module:
+    with open(os.path.join(HERE, *parts), encoding="utf-8") as handle:
+        return ast.parse(handle.read())
+
+
+def _cli_options() -> list[tuple[str, str, str]]:
+    """The ``parser.add_argument`` calls of ``AgentcapCLI.add_arguments_to_parser`` (read, not imported)."""
+    found = []
+    for node in ast.walk(_source("cli.py")):
+        if isinstance(node, ast.FunctionDef) and node.name == "add_arguments_to_parser":
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument" and call.args:
+                    keywords = {k.arg: k.value for k in call.keywords}
+                    flag = ast.literal_eval(call.args[0])
+                    kind = ast.unparse(keywords["type"]) if "type" in keywords else "VALUE"
+                    choices = re.fullmatch(r"Literal\[(.*)\]", kind)
+                    kind = "{" + choices.group(1).replace("'", "").replace(" ", "") + "}" if choices else kind.upper()
+                    default = ast.unparse(keywords["default"]) if "default" in keywords else ""
+                    text = ast.literal_eval(keywords["help"]) if "help" in keywords else ""
+                    found.append((f"{flag} {kind}", default, text))
+    return found
+
+
+def _model_options() -> list[tuple[str, str, str]]:
+    """``GRPOModule.__init__``'s arguments, defaults and the class docstring's ``Args:`` entries."""
+    for node in ast.walk(_source("training", "module.py")):
+        if isinstance(node, ast.ClassDef) and node.name == "GRPOModule":
+            docs = _args_section(ast.get_docstring(node) or "")
+            init = next(f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+            args = init.args.args[1:]
+            defaults = [None] * (len(args) - len(init.args.defaults)) + list(init.args.defaults)
+            return [(f"--model.{a.arg} {ast.unparse(a.annotation) if a.annotation else ''}".rstrip(),
+                     "" if d is None else ast.unparse(d), docs.get(a.arg, "")) for a, d in zip(args, defaults)]
+    return []
+
+
+def _args_section(doc: str) -> dict[str, str]:
+    """``name: text`` entries of a Google-style ``Args:`` section, continuation lines joined."""
+    entries: dict[str, str] = {}
+    current = None
+    inside = False
+    for line in doc.splitlines():
+        if line.strip() == "Args:":
+            inside = True
+            continue
+        if not inside:
+            continue
+        match = re.match(r"^ {4}(\w+): (.*)$", line)
+        if match:
+            current = match.group(1)
+            entries[current] = match.group(2).strip()
+        elif line.startswith(" " * 8) and current:
+            entries[current] += " " + line.strip()
+        elif line.strip():
+            break
+    return entries
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Seconds of `agentcap --help`, `agentcap caption --help` and `agentcap fit --help` (best of N runs),
+and the lines each prints: help must answer without importing torch or Lightning.
+
+    python tools/bench_help.py [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+AGENTCAP = os.path.join(os.path.dirname(sys.executable), "agentcap")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    for command in (["--help"], ["caption", "--help"], ["fit", "--help"], ["fit", "--help=full"]):
+        times, lines = [], 0
+        for _ in range(args.runs):
+            start = time.perf_counter()
+            out = subprocess.run([AGENTCAP, *command], capture_output=True, text=True, check=True).stdout
+            times.append(time.perf_counter() - start)
+            lines = len(out.splitlines())
+        print(f"agentcap {' '.join(command):<16} {min(times):6.2f} s (best of {args.runs}), {lines} lines")
+
+
+if __name__ == "__main__":
+    main()
