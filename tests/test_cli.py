@@ -114,12 +114,15 @@ def test_main_with_argv_does_not_warn_about_the_command_line(tmp_path, toy_movie
 
 
 def test_help_is_short_and_imports_neither_torch_nor_lightning():
-    """`agentcap --help`, `fit --help` and `caption --help` answer from agentcap.launcher alone (timing:
+    """`agentcap --help`, `fit --help` and every command's `--help` answer from agentcap.launcher alone (timing:
     tools/bench_help.py); `fit --help` is agentcap's and the model's options, not 661 lines of Trainer flags."""
+    from agentcap.commands.menu import COMMANDS
+
     probe = (
         "import contextlib, io, sys\n"
         "from agentcap.launcher import main\n"
-        "for argv in (['--help'], ['fit', '--help'], ['caption', '--help'], ['validate', '-h']):\n"
+        "from agentcap.commands.menu import COMMANDS\n"
+        "for argv in (['--help'], ['fit', '--help'], ['validate', '-h'], *([c, '--help'] for c in COMMANDS)):\n"
         "    out = io.StringIO()\n"
         "    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
         "        main(argv)\n"
@@ -130,7 +133,8 @@ def test_help_is_short_and_imports_neither_torch_nor_lightning():
     assert result.returncode == 0, result.stderr
     *pages, imported = result.stdout.strip().splitlines()
     assert imported == "[]"
-    assert all(page.endswith("True") for page in pages) and int(pages[1].split()[0]) < 150
+    assert len(pages) == 3 + len(COMMANDS) and all(page.endswith("True") for page in pages)
+    assert int(pages[1].split()[0]) < 150
 
 
 def test_fit_help_names_the_model_options_and_the_full_page(capsys):

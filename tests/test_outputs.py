@@ -33,7 +33,7 @@ def no_metrics(monkeypatch):
     def computed(*args, **kwargs):
         raise AssertionError("metrics were computed before --out was checked")
 
-    monkeypatch.setattr(evaluate, "task_metrics", computed)
+    monkeypatch.setattr("agentcap.evaluation.tasks.task_metrics", computed)
 
 
 def test_evaluate_refuses_an_out_that_is_an_input(tmp_path, toy_movie, predictions, no_metrics):

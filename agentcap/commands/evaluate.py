@@ -18,18 +18,9 @@ import os
 import sys
 from typing import Any
 
-import torch
-
 from agentcap.commands.outputs import JsonlOutput, check_output
-from agentcap.core.manifests import ManifestError, decode_line
-from agentcap.core.registry import UnknownEnvError, make_env
-from agentcap.evaluation.captioning import CaptionMetrics, warn
-from agentcap.evaluation.rollouts import write_summary
-from agentcap.evaluation.table import results_table
-from agentcap.evaluation.skipped import skipped_metrics
-from agentcap.evaluation.tasks import MissingReferenceError, check_references, reference_field, task_metrics
-from agentcap.resume.loading import env_config_of, trained_module
-from agentcap.rollout.driver import RolloutDriver
+
+# torch, Lightning and the metrics are imported where they are used: `agentcap evaluate --help` answers at once
 
 SPLITS = ("test", "val", "train")
 
@@ -59,6 +50,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def read_predictions(path: str) -> list[dict[str, Any]]:
+    from agentcap.core.manifests import ManifestError, decode_line
+
     if not os.path.isfile(path):
         raise SystemExit(f"agentcap evaluate: --predictions {path!r} not found")
     rows = []
@@ -94,6 +87,17 @@ def evaluate_command(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.benchmark:
         return benchmark_command(args)
+    import torch
+
+    from agentcap.core.registry import UnknownEnvError, make_env
+    from agentcap.evaluation.captioning import CaptionMetrics, warn
+    from agentcap.evaluation.rollouts import write_summary
+    from agentcap.evaluation.skipped import skipped_metrics
+    from agentcap.evaluation.table import results_table
+    from agentcap.evaluation.tasks import MissingReferenceError, check_references, task_metrics
+    from agentcap.resume.loading import env_config_of, trained_module
+    from agentcap.rollout.driver import RolloutDriver
+
     if args.env and not (args.manifest and args.predictions):
         raise SystemExit("agentcap evaluate: --env needs --manifest and --predictions")
     config = os.path.join(args.run, "config.yaml") if args.run else args.config
@@ -163,6 +167,7 @@ def ad_eval_metrics(spec: str | None, env: Any, items: list[dict[str, Any]],
     scorer's server; each row gets its score and the judge's reply (``--out``). None of them: ``{}``."""
     from agentcap.evaluation.ad_eval import llm_ad_eval
     from agentcap.evaluation.benchmark import parse_judge_spec
+    from agentcap.evaluation.tasks import reference_field
     from agentcap.judges.served import served_judge_client
 
     if reference_field(env) != "ad":
@@ -231,7 +236,12 @@ def benchmark_command(args: argparse.Namespace) -> int:
 def caption_clips(config: str, checkpoint: str | None, clips: list[str]) -> dict[str, dict[str, Any]]:
     """Caption raw audio files as ``agentcap caption --audio`` does (the task's own inference, one
     unusable file costing only its own result): ``{path: {"caption"} or {"error"}}``."""
+    import torch
+
     from agentcap.commands.caption import caption_isolating
+    from agentcap.core.manifests import ManifestError
+    from agentcap.resume.loading import trained_module
+    from agentcap.rollout.driver import RolloutDriver
 
     module = trained_module(config, checkpoint)
     split = "test" if module.env_config.test else "val"

@@ -20,11 +20,9 @@ import json
 import os
 import sys
 
-import torch
-
 from agentcap.commands.outputs import check_output
-from agentcap.resume.checkpoints import TickCheckpoint, usable_checkpoint
-from agentcap.resume.loading import load_module
+
+# torch and Lightning are imported where they are used: `agentcap export --help` answers at once
 
 
 def trained_roles(module) -> list[str]:
@@ -37,7 +35,7 @@ def _save_tokenizer(agent, folder: str) -> None:
     (agent.processor or agent.tokenizer).save_pretrained(folder)
 
 
-def _save_model(model: torch.nn.Module, folder: str) -> None:
+def _save_model(model: "torch.nn.Module", folder: str) -> None:
     model.save_pretrained(folder)
     if not os.path.isfile(os.path.join(folder, "config.json")):
         print(f"agentcap export: {folder} is not a Hugging Face model (toy format)", file=sys.stderr)
@@ -50,6 +48,8 @@ def export_agent(agent, out: str, merge: bool = True, bases: dict[int, str] | No
     if adapters is None:
         _save_model(agent.model, folder)
     elif merge:
+        import torch
+
         with torch.no_grad():
             merged = copy.deepcopy(adapters.peft_model).merge_and_unload(adapter_names=[agent.name])
         _save_model(merged, folder)
@@ -84,6 +84,10 @@ def export_command(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     check_output("agentcap export", "--out", args.out, {"--config": args.config, "--checkpoint": args.checkpoint},
                  folder=True)
+    import torch
+
+    from agentcap.resume.checkpoints import TickCheckpoint, usable_checkpoint
+    from agentcap.resume.loading import load_module
 
     module = load_module(args.config, None, "agentcap export")
     checkpoint = args.checkpoint or TickCheckpoint.path(module.run_dir)
