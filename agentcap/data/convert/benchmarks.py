@@ -29,7 +29,8 @@ from typing import Any
 from agentcap.core.manifests import ManifestError
 from agentcap.data.benchmark_rows import check_benchmark_row
 from agentcap.data.convert.common import (
-    Options, Result, answer_letter, audio_seconds, columns, json_records, manifest_path, text_field, under_root,
+    Options, Result, answer_letter, audio_seconds, columns, json_object, json_records, manifest_path, text_field,
+    under_root,
 )
 
 MMAU = {"id": "id", "audio": "audio_id", "question": "question", "choices": "choices", "answer": "answer",
@@ -59,10 +60,7 @@ def _convert(sources: list[str], options: Options, benchmark: str, cols: dict[st
     for source in sources:
         for where, record in json_records(source, key="data"):
             try:
-                if isinstance(record, ManifestError):
-                    raise record
-                if not isinstance(record, dict):
-                    raise ManifestError(f"{where}: expected a JSON object, got {type(record).__name__}")
+                record = json_object(where, record)
                 row = _row(record, where, benchmark, cols, options)
                 if record.get(cols["id"]) in (None, ""):  # MMAU test-mini has no ids: the audio names the question
                     stem = os.path.splitext(os.path.basename(row["audio"]))[0]

@@ -23,8 +23,8 @@ from typing import Any
 
 from agentcap.core.manifests import ManifestError
 from agentcap.data.convert.common import (
-    CAPTION_FIELDS, Options, Result, audio_name, audio_seconds, check_row, columns, csv_rows, json_records,
-    manifest_path, text_field, under_root,
+    CAPTION_FIELDS, Options, Result, audio_name, audio_seconds, check_row, columns, csv_rows, json_object,
+    json_records, manifest_path, text_field, under_root,
 )
 
 AUDIOCAPS = {"id": "audiocap_id", "youtube_id": "youtube_id", "start_time": "start_time", "caption": "caption"}
@@ -80,10 +80,7 @@ def wavcaps(sources: list[str], options: Options) -> Result:
     for source in sources:
         for where, record in json_records(source, key="data"):
             try:
-                if isinstance(record, ManifestError):
-                    raise record
-                if not isinstance(record, dict):
-                    raise ManifestError(f"{where}: expected a JSON object, got {type(record).__name__}")
+                record = json_object(where, record)
                 ident = text_field(record, cols["id"], where, "id")
                 caption = text_field(record, cols["caption"], where, "caption")
                 name = audio_name(template, {**record, "id": ident}, where)

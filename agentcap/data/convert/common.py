@@ -132,6 +132,15 @@ def json_records(path: str, key: str | None = None) -> Iterator[tuple[str, Any]]
         raise ValueError(f"{path}: expected a JSON list or object, got {type(data).__name__}")
 
 
+def json_object(where: str, record: Any) -> dict[str, Any]:
+    """A record of :func:`json_records` that is a JSON object, else the :class:`ManifestError` refusing it."""
+    if isinstance(record, ManifestError):  # a line that is not JSON
+        raise record
+    if not isinstance(record, dict):
+        raise ManifestError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return record
+
+
 def text_field(record: Mapping[str, Any], column: str, where: str, name: str | None = None) -> str:
     """A non-empty string from ``record[column]`` (numbers are written as text), else refused."""
     value = record.get(column) if isinstance(record, Mapping) else None

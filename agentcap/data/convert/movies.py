@@ -30,7 +30,8 @@ import numpy as np
 
 from agentcap.core.manifests import ManifestError
 from agentcap.data.convert.common import (
-    AD_FIELDS, Options, Result, check_row, columns, csv_rows, manifest_path, number_field, text_field, under_root,
+    AD_FIELDS, Options, Result, check_row, columns, csv_rows, json_object, manifest_path, number_field, text_field,
+    under_root,
 )
 
 MAD = {"movie": "movie", "timestamps": "ext_timestamps", "text": "sentence", "characters": "characters"}
@@ -52,8 +53,7 @@ def mad(sources: list[str], options: Options) -> Result:
         for ident, record in data.items():
             where = f"{source}[{ident!r}]"
             try:
-                if not isinstance(record, dict):
-                    raise ManifestError(f"{where}: expected a JSON object, got {type(record).__name__}")
+                record = json_object(where, record)
                 key = cols["timestamps"] if cols["timestamps"] in record else "timestamps"
                 span = record.get(key)
                 if not isinstance(span, list) or len(span) != 2:
