@@ -41,8 +41,7 @@ def results_table(
     metrics = sorted({k for values in summary.values() for k in values}, key=_order)
     if not stages or not metrics:
         return f"{title}: nothing evaluated"
-    table = Table(box=box.ASCII, show_edge=False, pad_edge=False, title=title, title_justify="left",
-                  title_style="", header_style="")
+    table = Table(box=box.ASCII, show_edge=False, pad_edge=False, header_style="")
     table.add_column("metric", no_wrap=True)
     for stage in stages:
         table.add_column(stage, justify="right", no_wrap=True)
@@ -51,4 +50,5 @@ def results_table(
     console = Console(file=io.StringIO(), width=100_000, color_system=None, highlight=False)
     with console.capture() as captured:
         console.print(table)
-    return "\n".join(line.rstrip() for line in captured.get().splitlines() if line.strip())
+    # the title on a line of its own: rich would wrap it to the table's width
+    return "\n".join([title, *(line.rstrip() for line in captured.get().splitlines() if line.strip())])

@@ -23,12 +23,16 @@ Corpus: JSONL, one row per AD, ``{"context": [previous ADs, oldest first], "ad":
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 
+import lightning as L
 import torch
 import torch.nn.functional as F
 
@@ -179,9 +183,125 @@ def _model_positions(model) -> int:
     return 1024
 
 
-def main(argv: list[str] | None = None) -> int:
-    from transformers import get_linear_schedule_with_warmup
+class MicroBatches:
+    """The training data in a fixed order: each epoch one ``randperm`` of a generator seeded with
+    ``--seed`` (kept apart from the global RNG, which dropout uses), cut into micro-batches. Each
+    micro-batch carries ``n_targets``, the target-token count of its whole accumulation window, so the
+    loss is a token-weighted mean over the window rather than a mean of per-batch means."""
 
+    def __init__(self, examples, batch_size: int, grad_accum: int, pad_id: int, seed: int):
+        self.examples, self.batch_size, self.grad_accum, self.pad_id = examples, batch_size, grad_accum, pad_id
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.examples) / self.batch_size)
+
+    def __iter__(self):
+        order = torch.randperm(len(self.examples), generator=self.generator).tolist()
+        micro_batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        for first in range(0, len(micro_batches), self.grad_accum):
+            window = [
+                collate([self.examples[i] for i in micro], self.pad_id)
+                for micro in micro_batches[first : first + self.grad_accum]
+            ]
+            n_targets = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in window)
+            for batch in window:
+                yield {**batch, "n_targets": n_targets}
+
+
+class ScorerModule(L.LightningModule):
+    """Causal-LM fine-tuning of the scorer: AdamW with a linear warmup/decay stepped per optimiser
+    step, and the loss printed every ``log_every`` steps."""
+
+    def __init__(self, model, args: argparse.Namespace, warmup_steps: int, total_steps: int, started: float):
+        super().__init__()
+        self.model, self.args, self.started = model, args, started
+        self.warmup_steps, self.total_steps = warmup_steps, total_steps
+        self.window_loss, self.window_losses = 0.0, []
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        nll = F.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(),
+            batch["labels"][:, 1:].flatten(),
+            ignore_index=IGNORE,
+            reduction="sum",
+        )
+        self.loss = nll / max(batch["n_targets"], 1)
+        self.window_loss += float(self.loss.detach())
+        return self.loss
+
+    def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
+        # Lightning hands over the loss divided by accumulate_grad_batches; ours is already the
+        # window's token-weighted mean, so its own graph is back-propagated, unscaled
+        self.loss.backward(*args, **kwargs)
+
+    def on_train_batch_end(self, outputs, batch: dict, batch_idx: int) -> None:
+        step = self.trainer.global_step
+        if step == len(self.window_losses):  # still accumulating
+            return
+        self.window_losses.append(self.window_loss)
+        self.window_loss = 0.0
+        if step % self.args.log_every == 0 or step == self.total_steps:
+            recent = self.window_losses[-self.args.log_every :]
+            print(
+                f"epoch {self.current_epoch} step {step}/{self.total_steps} loss {sum(recent) / len(recent):.4f}"
+                f" lr {self.lr_schedulers().get_last_lr()[0]:.2e} ({time.perf_counter() - self.started:.1f}s)",
+                flush=True,
+            )
+
+    def configure_optimizers(self):
+        from transformers import get_linear_schedule_with_warmup
+
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.args.lr, weight_decay=self.args.weight_decay)
+        scheduler = get_linear_schedule_with_warmup(optimizer, self.warmup_steps, self.total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+@contextlib.contextmanager
+def _lightning_quiet():
+    """Lightning's "GPU available", tips and "max_steps reached" notes, and its use of a deprecated
+    torch API, are noise for this one-purpose tool (the old hand-written loop printed none of them)."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def fit(model, examples, pad_id: int, args: argparse.Namespace, warmup_steps: int, total_steps: int,
+        started: float) -> list[float]:
+    """Train ``model`` in place under ``L.Trainer``; the loss of each optimiser step's window."""
+    device = torch.device(args.device)
+    module = ScorerModule(model, args, warmup_steps, total_steps, started)
+    with _lightning_quiet():
+        trainer = L.Trainer(
+            accelerator={"cuda": "gpu"}.get(device.type, device.type),
+            devices=[device.index] if device.index is not None else 1,
+            max_epochs=args.epochs,
+            max_steps=total_steps,
+            accumulate_grad_batches=args.grad_accum,
+            gradient_clip_val=args.max_grad_norm if args.max_grad_norm > 0 else None,
+            gradient_clip_algorithm="norm",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=str(args.out),
+        )
+        data = MicroBatches(examples, args.batch_size, args.grad_accum, pad_id, args.seed)
+        trainer.fit(module, train_dataloaders=data)
+    return module.window_losses
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -198,59 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_steps is not None:
         total_steps = min(total_steps, args.max_steps)
     warmup_steps = math.ceil(args.warmup_ratio * total_steps)
-
-    device = torch.device(args.device)
-    model.to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    scheduler = get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
-    generator = torch.Generator().manual_seed(args.seed)
     print(
         f"corpus {args.corpus}: {len(examples)} rows; {total_steps} optimiser steps of"
         f" {args.batch_size}x{args.grad_accum} sequences, warmup {warmup_steps}, lr {args.lr}, loss on {args.loss_on}",
         flush=True,
     )
 
-    step, window_losses, last_loss = 0, [], float("nan")
-    for epoch in range(args.epochs):
-        order = torch.randperm(len(examples), generator=generator).tolist()
-        micro_batches = [order[i : i + args.batch_size] for i in range(0, len(order), args.batch_size)]
-        for first in range(0, len(micro_batches), args.grad_accum):
-            if step >= total_steps:
-                break
-            window = [
-                collate([examples[i] for i in micro], pad_id)
-                for micro in micro_batches[first : first + args.grad_accum]
-            ]
-            # token-weighted mean over the whole accumulation window: sum of NLL / number of target tokens
-            n_targets = sum(int((b["labels"][:, 1:] != IGNORE).sum()) for b in window)
-            window_loss = 0.0
-            for batch in window:
-                batch = {k: v.to(device) for k, v in batch.items()}
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                nll = F.cross_entropy(
-                    logits[:, :-1].flatten(0, 1).float(),
-                    batch["labels"][:, 1:].flatten(),
-                    ignore_index=IGNORE,
-                    reduction="sum",
-                )
-                loss = nll / max(n_targets, 1)
-                loss.backward()
-                window_loss += float(loss.detach())
-            if args.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            last_loss = window_loss
-            window_losses.append(window_loss)
-            if step % args.log_every == 0 or step == total_steps:
-                recent = window_losses[-args.log_every :]
-                print(
-                    f"epoch {epoch} step {step}/{total_steps} loss {sum(recent) / len(recent):.4f}"
-                    f" lr {scheduler.get_last_lr()[0]:.2e} ({time.perf_counter() - started:.1f}s)",
-                    flush=True,
-                )
+    window_losses = fit(model, examples, pad_id, args, warmup_steps, total_steps, started)
+    step = len(window_losses)
+    last_loss = window_losses[-1] if window_losses else float("nan")
 
     args.out.mkdir(parents=True, exist_ok=True)
     model.eval()
