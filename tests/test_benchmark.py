@@ -111,6 +111,30 @@ def test_second_run_and_second_judge_ask_nothing_twice(tmp_path):
     assert len(new_weights.asked) == 3  # another captioner: captioned anew
 
 
+def test_a_judge_that_fails_midway_keeps_the_answers_it_gave(tmp_path, monkeypatch):
+    """Answers are cached chunk by chunk: after a judge dies on its third chunk, the rerun asks only
+    what was not answered."""
+    from agentcap.evaluation import benchmark
+    from agentcap.judges.served import JudgeUnavailable
+
+    monkeypatch.setattr(benchmark, "ASK_CHUNK", 2)
+    rows = read_benchmark(str(write_rows(tmp_path / "bench.jsonl")))
+    out = str(tmp_path / "out")
+
+    class DiesOnThirdChunk(ScriptedJudge):
+        def choose(self, asks):
+            if len(self.asked) >= 4:
+                raise JudgeUnavailable("the server went away")
+            return super().choose(asks)
+
+    with pytest.raises(JudgeUnavailable):
+        evaluate_benchmark(rows, Captioner(), "cap", DiesOnThirdChunk(), out)
+    judge = ScriptedJudge()
+    summary = evaluate_benchmark(rows, Captioner(), "cap", judge, out)
+    assert len(judge.asked) == 1  # 5 captioned questions, 4 answered before the failure
+    assert summary["overall"]["correct"] == 2
+
+
 def test_a_bad_benchmark_row_is_named(tmp_path):
     path = write_rows(tmp_path / "bench.jsonl", [("q1", "a.wav", "mmau", None, None, None, None, ["a", "b"], "C")])
     with pytest.raises(ManifestError, match=r"bench.jsonl:1: field 'answer'"):

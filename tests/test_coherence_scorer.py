@@ -268,7 +268,7 @@ def reference_fit(model, examples, pad_id, args, warmup_steps, total_steps) -> l
                     logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(),
                     ignore_index=coherence_training.IGNORE, reduction="sum") / n_targets
                 loss.backward()
-                total += float(loss)
+                total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
@@ -294,7 +294,8 @@ def test_tool_lightning_fit_equals_reference_loop_and_learns(tmp_path, tokenizer
     def tiny_gpt2():
         torch.manual_seed(0)
         return GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_layer=1, n_head=2, n_embd=16,
-                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
 
     reference, trained = tiny_gpt2(), tiny_gpt2()
     pad = tokenizer.pad_token_id

@@ -267,6 +267,10 @@ def cache_key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+#: Questions asked of the judge between two writes of the answer cache.
+ASK_CHUNK = 64
+
+
 class JsonlCache:
     """``key → value`` kept as appended JSON lines (flushed each), read back whole on open."""
 
@@ -343,8 +347,9 @@ def evaluate_benchmark(
             ask = Ask(captions[key_of[row["_clip"]]], row["question"], tuple(row["choices"]))
             asks.setdefault(cache_key(judge.identity, PROMPT_VERSION, ask.caption, ask.question, ask.choices), ask)
     unasked = [key for key in asks if key not in answers]
-    if unasked:
-        answers.put(dict(zip(unasked, judge.choose([asks[k] for k in unasked]))))
+    for start in range(0, len(unasked), ASK_CHUNK):  # kept chunk by chunk: a judge that fails costs one chunk
+        chunk = unasked[start : start + ASK_CHUNK]
+        answers.put(dict(zip(chunk, judge.choose([asks[k] for k in chunk]))))
 
     items = []
     for row in rows:

@@ -11,7 +11,9 @@ asked for p(AD | context), so spending capacity on modelling the context adds no
 ``--loss-on all`` also trains on the context tokens (the paper does not say which it used).
 Sequences are built by :func:`agentcap.judges.coherence.encode_context_response`, the same function
 the scorer uses, so training and scoring see identically serialized contexts. Gradient norm is
-clipped at 1.0 (the HF ``Trainer`` default; Table 8 does not list it).
+clipped at 1.0 (the HF ``Trainer`` default; Table 8 does not list it). The steps run under
+``L.Trainer`` (``accumulate_grad_batches``, ``gradient_clip_val``), on CPU or one GPU, writing no
+Lightning logs or checkpoints: the output folder holds only the saved scorer and its summary.
 
 Corpus: JSONL, one row per AD, ``{"context": [previous ADs, oldest first], "ad": "next AD"}``.
 
