@@ -21,8 +21,9 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 
 import agentcap.parallel.strategies  # noqa: F401  (registers grpo_ddp / grpo_ddp_spawn / grpo_fsdp)
 from agentcap.agents.agent import MissingWeightsError
-from agentcap.core.settings import ConfigError
 from agentcap.commands.menu import COMMANDS, did_you_mean, refuse_unknown
+from agentcap.core.manifests import ManifestError
+from agentcap.core.settings import ConfigError
 from agentcap.parallel.signals import StopOnSignal, stop_on_signals
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint, usable_checkpoint
 from agentcap.resume.configs import config_paths, read_config
@@ -317,8 +318,16 @@ def quiet() -> None:
     hf_logging.disable_progress_bar()
 
 
+#: ``--debug`` anywhere on the command line: errors a user can fix keep their traceback (the
+#: environment variable carries it to the ranks Lightning's launcher starts).
+DEBUG = "AGENTCAP_DEBUG"
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv:
+        argv.remove("--debug")
+        os.environ[DEBUG] = "1"
     os.environ.setdefault("WANDB_MODE", "offline" if not os.environ.get("WANDB_API_KEY") else "online")
     refuse_unknown(argv)  # `agentcap fti`: "did you mean 'fit'?", not LightningCLI's list of choices
     quiet()
@@ -337,12 +346,14 @@ def main(argv: list[str] | None = None) -> None:
             AgentcapCLI(GRPOModule, datamodule_class=None, args=None, save_config_callback=RunConfig,
                         parser_class=SuggestingParser,
                         save_config_kwargs={"overwrite": True}, trainer_defaults={"callbacks": [StopOnSignal()]})
-    except MissingWeightsError as err:
-        print(f"agentcap: {err}{_demo_hint(argv)}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except (ConfigError, NonFiniteError) as err:  # a setting out of range; a NaN / Inf that stopped the run
-        print(f"agentcap: {err}", file=sys.stderr)
-        raise SystemExit(2 if isinstance(err, ConfigError) else 1) from None
+    except (MissingWeightsError, ConfigError, ManifestError, NonFiniteError) as err:
+        # weights not on disk; a setting out of range; a refused manifest row; a NaN / Inf that stopped
+        # the run: the message says what to fix, a traceback would bury it (kept under --debug)
+        if os.environ.get(DEBUG):
+            raise
+        hint = _demo_hint(argv) if isinstance(err, MissingWeightsError) else ""
+        print(f"agentcap: {err}{hint}", file=sys.stderr)
+        raise SystemExit(1 if isinstance(err, NonFiniteError) else 2) from None
     finally:
         sys.argv = program
 

@@ -47,6 +47,8 @@ def short_help(command: str) -> str:
     own = [("-c, --config CONFIG", "", "A YAML config (repeatable; later files and flags override earlier ones)."),
            ("--print_config", "", "Print the resolved config and exit."),
            ("--seed_everything SEED", "", "Seed of torch, numpy and random (the configs set it)."),
+           ("--debug", "", "Show the traceback of an error agentcap reports in one line (a refused manifest row, "
+                           "a setting out of range, missing weights, a NaN)."),
            *_cli_options()]
     if command != "fit":
         own.append(("--ckpt_path PATH", "", "Evaluate this checkpoint instead of the run's newest."))

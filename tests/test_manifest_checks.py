@@ -136,3 +136,25 @@ def test_every_row_refused_names_the_first_reasons_and_the_count(tmp_path, toy_s
     assert lines[0] == f"{manifest}: all 6 rows are refused; the first 5:"
     assert lines[1:] == [f"  {manifest}:{n}: field 'duration' must be a number of seconds ≥ 0, got -1.0" for n in range(1, 6)]
     assert caught.value.report.ids == [r["id"] for r in rows] and len(caught.value.report.skipped) == 6
+
+
+@pytest.mark.slow  # LightningCLI parses and builds the environment
+def test_fit_on_a_refused_row_prints_the_message_not_a_traceback(tmp_path, toy_movie, make_read_config, capsys,
+                                                                 monkeypatch):
+    """A refused manifest row ends `agentcap fit` with its file:line message and exit 2; `--debug`
+    gives the traceback instead."""
+    from agentcap.cli import main
+
+    monkeypatch.delenv("AGENTCAP_DEBUG", raising=False)  # --debug sets it; restored after the test
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "movie": "m", "position": 0, "duration": 1.0}\n')  # no features, no ad
+    config = make_read_config(tmp_path / "run", toy_movie, [{"name": "e", "kind": "evaluate", "split": "val"}])
+    argv = ["fit", "--config", str(config), "--model.env.val.manifest", str(bad)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"agentcap: {bad}:1:") and "Traceback" not in err
+    with pytest.raises(ManifestError, match="bad.jsonl:1"):
+        main([*argv, "--debug"])
