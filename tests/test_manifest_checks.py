@@ -145,7 +145,7 @@ def test_fit_on_a_refused_row_prints_the_message_not_a_traceback(tmp_path, toy_m
     gives the traceback instead."""
     from agentcap.cli import main
 
-    monkeypatch.delenv("AGENTCAP_DEBUG", raising=False)  # --debug sets it; restored after the test
+    monkeypatch.setenv("AGENTCAP_DEBUG", "")  # off; main sets it on --debug, and the test restores it
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "x", "movie": "m", "position": 0, "duration": 1.0}\n')  # no features, no ad
