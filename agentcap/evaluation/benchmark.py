@@ -35,7 +35,7 @@ from agentcap.core.manifests import read_manifest, resolve
 from agentcap.core.settings import ConfigError, check
 from agentcap.data.benchmark_rows import LETTERS, check_benchmark_row
 from agentcap.judges.examiner import CausalLMJudge, sentences
-from agentcap.judges.served import ServedClient, served_judge_client
+from agentcap.judges.served import ServedClient, letter_token_ids, served_judge_client
 
 #: Changes whenever :data:`INSTRUCTION` or :func:`judge_prompt` changes; part of every answer's cache key.
 PROMPT_VERSION = "caption-evidence-v1"
@@ -186,10 +186,10 @@ class ServedJudge:
     @property
     def letter_ids(self) -> list[int]:
         if self._ids is None:
-            ids = [self.client.tokenize(letter) for letter in LETTERS]
-            if any(len(x) != 1 for x in ids) or len({x[0] for x in ids}) != len(LETTERS):
-                raise ValueError(f"{self.identity}: the tokenizer does not give A–J one distinct token each ({ids})")
-            self._ids = [x[0] for x in ids]
+            try:
+                self._ids = letter_token_ids(self.client.tokenize, LETTERS)
+            except ValueError as err:
+                raise ValueError(f"{self.identity}: {err}") from None
         return self._ids
 
     def choose(self, asks: Sequence[Ask]) -> list[str | None]:

@@ -139,11 +139,12 @@ def _ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def letter_token_ids(tokenize) -> list[int]:
-    """The five single-token ids of A–E (``tokenize``: text → ids), or a clear error."""
-    ids = [tokenize(letter) for letter in LETTERS]
-    if any(len(x) != 1 for x in ids) or len({x[0] for x in ids}) != 5:
-        raise ValueError(f"the judge's tokenizer does not give A–E one distinct token each (got {ids})")
+def letter_token_ids(tokenize, letters: Sequence[str] = LETTERS) -> list[int]:
+    """The single-token ids of ``letters`` (A–E by default; ``tokenize``: text → ids), or a clear error."""
+    ids = [tokenize(letter) for letter in letters]
+    if any(len(x) != 1 for x in ids) or len({x[0] for x in ids}) != len(letters):
+        raise ValueError(f"the judge's tokenizer does not give {letters[0]}–{letters[-1]} one distinct token each "
+                         f"(got {ids})")
     return [x[0] for x in ids]
 
 
