@@ -28,5 +28,5 @@ case "$name" in read|audiomap|acecap) ;; *) echo "unknown demo '$name' (read, au
     ;;
 esac
 [ "$step" = prepare ] && exit 0
-# CONFIG: another recipe of this demo in place of configs/demo/NAME.yaml (e.g. acecap-stopping.yaml)
+# CONFIG: another recipe of this demo in place of configs/demo/NAME.yaml (e.g. configs/demo/acecap-short.yaml)
 exec .venv/bin/agentcap fit --config "${CONFIG:-configs/demo/$name.yaml}" "$@"

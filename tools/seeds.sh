@@ -5,8 +5,7 @@
 #   bash tools/seeds.sh read 5 6 7
 #   SKIP_RUNS=1 bash tools/seeds.sh read 5 6 7     (only the tables, from finished runs)
 #   DEMO_FLAGS="--model.eval_limit 30" bash tools/seeds.sh acecap 5 6 7
-#   RUNS=runs/padded CONFIG=configs/demo/acecap-stopping.yaml PAIRS=S1_sampled:S5_sampled,S1:S5 \
-#       bash tools/seeds.sh acecap 5 6 7
+#   RUNS=runs/short CONFIG=configs/demo/acecap-short.yaml bash tools/seeds.sh acecap 5 6 7
 #   RUNS: where the runs go (default runs/); CONFIG: the recipe in place of configs/demo/NAME.yaml;
 #   PAIRS: the BEFORE:AFTER stages to pair (default: the demo's own); JOBS: seeds run at once
 #   (default 1; each seed is its own process with one intra-op thread)
@@ -43,8 +42,8 @@ if [ -z "${SKIP_RUNS:-}" ]; then
   [ "$failed" = 0 ] || exit 1
 fi
 case "$name" in
-  acecap) pairs=S1:S4,S1:S5,S4:S5 ;;
+  acecap) pairs=S1:S4,S1:S5,S4:S5,S1_sampled:S5_sampled ;;
   *) pairs=before_grpo:after_grpo,before_grpo_sampled:after_grpo_sampled ;;
 esac
-pairs=${PAIRS:-$pairs}  # e.g. PAIRS=S1_sampled:S5_sampled for acecap-stopping.yaml
+pairs=${PAIRS:-$pairs}  # e.g. PAIRS=S1:S5
 .venv/bin/python tools/seed_stats.py "$name" "$@" --pairs "$pairs" --root "$runs" | tee "$runs/$name-seeds.md"
