@@ -143,6 +143,26 @@ def test_ad_clips_are_cut_numbered_and_given_context_in_time_order(tmp_path):
     assert [r["context"] for r in rows if r["movie"] == "m1"][2] == ["She smiles."]
 
 
+
+def test_mad_features_from_one_h5_file_equal_the_npy_folder(tmp_path, capsys):
+    """MAD releases its frame features as one .h5 file, a dataset per movie: the same clips come out."""
+    h5py = pytest.importorskip("h5py")
+    root = tmp_path / "mad"
+    shutil.copytree(PUBLIC / "mad", root)
+    with h5py.File(root / "features.h5", "w") as f:
+        for npy in sorted((PUBLIC / "mad" / "features").glob("*.npy")):
+            f.create_dataset(npy.stem, data=np.load(npy))
+    from_npy, from_h5 = tmp_path / "npy" / "train.jsonl", tmp_path / "h5" / "train.jsonl"
+    _, rows_npy, refused_npy = convert("mad", from_npy)
+    _, rows_h5, refused_h5 = convert("mad", from_h5, root=root, extra=["--features", "features.h5"])
+    assert [r["id"] for r in rows_h5] == [r["id"] for r in rows_npy] and len(rows_h5) == 4
+    assert len(refused_h5) == len(refused_npy) == 5
+    for a, b in zip(rows_npy, rows_h5):
+        np.testing.assert_array_equal(np.load(from_npy.parent / a["features"]), np.load(from_h5.parent / b["features"]))
+    shutil.copy(root / "features.h5", tmp_path / "outside.h5")  # a real file, outside the root
+    code, rows, _ = convert("mad", tmp_path / "x" / "m.jsonl", root=root, extra=["--features", "../outside.h5"])
+    assert code == 2 and rows == [] and "outside --root" in capsys.readouterr().err
+
 @pytest.mark.slow  # importing the env (judges, transformers) takes seconds
 def test_ad_manifests_load_in_the_adclip_env(tmp_path):
     from agentcap_envs.ad_clip import ADClipEnv
