@@ -178,6 +178,9 @@ def test_judge_spec_strings(tmp_path):
     assert parse_judge_spec(str(tmp_path)) == str(tmp_path)
     with pytest.raises(ValueError, match="--judge: 'nowhere' is not"):
         parse_judge_spec("nowhere")
+    # a bare URL asks the server for its model; nobody listens on port 9 (discard): one line naming the URL
+    with pytest.raises(ValueError, match=r"--judge: cannot list the models served at http://127\.0\.0\.1:9/v1"):
+        parse_judge_spec("http://127.0.0.1:9/v1")
 
 
 def test_toy_benchmark_validates_and_is_held_out(toy_soundscapes, tmp_path):

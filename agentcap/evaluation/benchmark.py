@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import re
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -217,10 +216,18 @@ class ServedJudge:
         return _best_letters(scores, asks)
 
 
-def served_models(url: str, timeout: float = 30.0) -> list[str]:
-    """The model names an OpenAI-compatible server serves (``GET <url>/models``)."""
-    with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=timeout) as response:
-        return [m["id"] for m in json.loads(response.read()).get("data", [])]
+def served_models(url: str, timeout: float = 30.0, flag: str = "--judge") -> list[str]:
+    """The model names an OpenAI-compatible server serves (``GET <url>/models``); a server that does
+    not answer is a one-line error naming it."""
+    import httpx
+
+    try:
+        response = httpx.get(url.rstrip("/") + "/models", timeout=timeout)
+        response.raise_for_status()
+        return [m["id"] for m in response.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, AttributeError) as err:
+        raise ValueError(f"{flag}: cannot list the models served at {url} ({type(err).__name__}: {err}); "
+                         f"is the server up? Name the model as {url}#MODEL to skip this") from None
 
 
 def parse_judge_spec(text: str, flag: str = "--judge") -> str | dict[str, Any]:
@@ -238,7 +245,7 @@ def parse_judge_spec(text: str, flag: str = "--judge") -> str | dict[str, Any]:
     if text.startswith(("http://", "https://")):
         url, _, model = text.partition("#")
         if not model:
-            names = served_models(url)
+            names = served_models(url, flag=flag)
             if len(names) != 1:
                 raise ValueError(f"{flag}: {url} serves {names}; name one as {url}#MODEL")
             model = names[0]
