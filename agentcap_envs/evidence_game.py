@@ -118,6 +118,11 @@ class EvidenceGameEnv(CaptionEnv):
 
     required_fields = {"id": str, "audio": str, "caption": str, "mcq": list}
 
+    @staticmethod
+    def acting_roles(mode: str = "game", **_) -> set[str]:
+        """The roles that act in an episode of ``mode`` (the engines a stage keeps awake: training.engines)."""
+        return {"game": {CAPTIONER, COMPOSER, INSTRUCT}, "captioner": {CAPTIONER}, "instruct": {INSTRUCT}}[mode]
+
     def __init__(
         self,
         manifest: str | None = None,

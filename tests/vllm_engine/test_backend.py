@@ -83,3 +83,46 @@ def test_frozen_agent_is_never_synced(agent):
     assert not agent.backend.stale
     agent.backend.score([[1, 2]], [[3]])
     assert agent.backend.syncs == syncs
+
+
+def _perturb(agent) -> None:
+    """A stand-in for an update that moves every log-prob of the probe."""
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in agent.model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+
+
+def _shifted(model):
+    """Every decoder layer's weights sent under the next layer's names."""
+    import re
+
+    from agentcap.agents.backends.weights import layers
+
+    n = model.config.num_hidden_layers
+    for group in layers(model):
+        yield [(re.sub(r"\.layers\.(\d+)\.", lambda m: f".layers.{(int(m.group(1)) + 1) % n}.", name), t)
+               for name, t in group]
+
+
+@pytest.mark.parametrize("broken", ["sends nothing", "another layer's weights"])
+def test_a_broken_sync_stops_the_run(agent, monkeypatch, broken):
+    """The probe catches a sync that delivered nothing, or delivered to the wrong layers; a correct
+    sync afterwards passes again."""
+    import agentcap.agents.backends.vllm as vllm_backend
+    from agentcap.agents.backends.verify import WeightSyncError
+
+    agent.set_trainable(True)
+    _perturb(agent)
+    agent.sync_weights()
+    agent.set_trainable(False)
+    monkeypatch.setattr(vllm_backend, "layers", (lambda model: iter([])) if broken == "sends nothing" else _shifted)
+    with pytest.raises(WeightSyncError) as error:
+        agent.generate(PROMPTS[:1])
+    print(f"{broken}: {error.value}")
+    assert "agents.policy: weight sync" in str(error.value) and "tolerance 0.001" in str(error.value)
+    assert agent.backend.stale  # the run stops; a retry would sync again
+    monkeypatch.undo()
+    agent.backend.sync()
+    print(f"after a correct sync: max |Δ log p| {agent.backend.gap:.2e}")
+    assert agent.backend.gap < 1e-3

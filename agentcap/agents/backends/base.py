@@ -19,11 +19,14 @@ class VLLMOptions:
         gpu_memory_utilization: vLLM: fraction of the accelerator's memory the engine may take.
         tensor_parallel_size: vLLM: GPUs one engine spans.
         max_model_len: vLLM: longest prompt + completion (None: the model's limit).
-        enable_sleep_mode: vLLM on GPU: free the engine's weights and KV cache between rollouts,
-            so the update has the memory (``LLM.sleep`` / ``wake_up``).
+        enable_sleep_mode: vLLM on GPU: an engine its stage does not use sleeps, freeing its
+            device memory (``LLM.sleep`` / ``wake_up``; ``agentcap.training.engines``). Not on
+            vLLM's CPU build, which refuses it.
         dtype: vLLM engine dtype (``auto``: the learner's, so sampler and learner log-probs agree).
         enforce_eager: vLLM: no CUDA graphs (slower decode, faster start).
         seed: vLLM sampling seed.
+        sync_tolerance: largest max |Δ log p| between engine and learner on the probe after a
+            sync (``backends.verify``); None: by engine dtype (fp32 1e-3, bf16 0.5, fp16 0.25).
     """
 
     gpu_memory_utilization: float = 0.3
@@ -33,6 +36,7 @@ class VLLMOptions:
     dtype: str = "auto"
     enforce_eager: bool = False
     seed: int = 0
+    sync_tolerance: float | None = None
 
 
 class Backend(Protocol):

@@ -6,9 +6,20 @@ unless tensor parallel needs workers), so a weight sync hands tensors over by re
 use from the agent's model folder, which must therefore hold the same weights as the learner;
 vLLM spawns processes, so scripts that create it need an ``if __name__ == "__main__":`` guard.
 
+A LoRA agent's engine is built from the base folder with ``enable_lora`` and each sync sends only
+the adapter, as a LoRA request per version (``backends.adapter_sync``). Every sync is verified on a
+fixed probe (``backends.verify``): a sync that delivered nothing raises :class:`WeightSyncError`.
+
+Sleep and wake (``agentcap.training.engines`` decides when, per stage): :meth:`sleep` frees the
+engine's device memory, at level 1 keeping its weights in host memory, at level 2 discarding them,
+after which the engine counts as stale and the next use re-syncs them from the learner. A sync
+wakes the engine first (the weights first, then the KV cache), so weights never go into a
+sleeping engine; generation and scoring wake it too.
+
 Log-probs are taken after temperature (``logprobs_mode="processed_logprobs"``), the distribution the
 learner's ``completion_logprobs`` computes. Works with vLLM 0.26 (the GPU extra) and 0.32 (the CPU
-build the tests run): both take a callable in ``collective_rpc`` and ``prompt_token_ids`` prompts.
+build the tests run): both take a callable in ``collective_rpc``, ``prompt_token_ids`` prompts,
+``LoRARequest(name, id, path)`` and ``wake_up(tags)``.
 """
 
 from __future__ import annotations
@@ -19,8 +30,12 @@ from typing import Any
 
 import torch
 
+from agentcap.agents.backends.adapter_sync import AdapterVersions, max_lora_rank
 from agentcap.agents.backends.base import VLLMOptions
+from agentcap.agents.backends.verify import DEFAULT_TOLERANCE, WeightSyncError, check_sync, learner_logprobs, make_probe
 from agentcap.agents.backends.weights import layers
+
+__all__ = ["VLLMBackend", "WeightSyncError"]
 from agentcap.agents.generation import Generation
 
 
@@ -67,7 +82,8 @@ def _end_reload(worker) -> None:
 
 
 class VLLMBackend:
-    """Samples with a vLLM ``LLM``; :meth:`sync` loads the learner's current weights into it."""
+    """Samples with a vLLM ``LLM``; :meth:`sync` brings the learner's current weights (or adapter)
+    into it and checks that they arrived."""
 
     def __init__(self, agent, options: VLLMOptions, model_path: str | None, where: str):
         if agent.family.name == "toy":
@@ -86,10 +102,20 @@ class VLLMBackend:
         self.agent, self.options, self.model_path, self.where = agent, options, model_path, where
         # the learner's dtype: vLLM's CPU build would otherwise run an fp32 folder in bf16
         self.agent_dtype = str(next(agent.model.parameters()).dtype).removeprefix("torch.")
+        self.dtype = self.agent_dtype if options.dtype == "auto" else options.dtype
+        tolerance = options.sync_tolerance
+        self.tolerance = DEFAULT_TOLERANCE.get(self.dtype, 0.5) if tolerance is None else tolerance
+        # a LoRA agent's engine holds the base and takes each version of the adapter
+        self.adapter = AdapterVersions(agent) if agent.adapters is not None else None
         self._llm = None
-        self._asleep = False
-        self.stale = False  # the learner's weights changed since the last sync (a step, a checkpoint)
+        self.level = 0  # 0 awake; 1 asleep, weights in host memory; 2 asleep, weights discarded
+        self._asleep: set[str] = set()  # what still sleeps: "weights", "kv_cache"
+        # the learner's weights changed since the last sync (a step, a checkpoint); an adapter
+        # engine starts without its adapter
+        self.stale = self.adapter is not None
         self.syncs = 0
+        self.gap: float | None = None  # the probe's max |Δ log p| after the last sync
+        self._probe = None
 
     # --- the engine ---------------------------------------------------------------------------
     @property
@@ -108,7 +134,7 @@ class VLLMBackend:
             kwargs: dict[str, Any] = dict(
                 model=self.model_path,
                 tokenizer=self.model_path,
-                dtype=self.agent_dtype if o.dtype == "auto" else o.dtype,
+                dtype=self.dtype,
                 gpu_memory_utilization=o.gpu_memory_utilization,
                 tensor_parallel_size=o.tensor_parallel_size,
                 enable_sleep_mode=o.enable_sleep_mode,
@@ -119,6 +145,9 @@ class VLLMBackend:
             )
             if o.max_model_len is not None:
                 kwargs["max_model_len"] = o.max_model_len
+            if self.adapter is not None:
+                rank = max_lora_rank(self.adapter.rank, self.where)
+                kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=rank)
             if self.agent.family.name in ("vision", "audio"):
                 kwargs["limit_mm_per_prompt"] = {"image": 0, "video": 1} if self.agent.family.name == "vision" else {"audio": 1}
             try:
@@ -127,17 +156,40 @@ class VLLMBackend:
                 raise ValueError(f"{self.where}: vLLM cannot serve the model in {self.model_path!r}: {error}") from error
         return self._llm
 
-    def _wake(self) -> None:
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+    @property
+    def built(self) -> bool:
+        return self._llm is not None
 
-    def _sleep(self) -> None:
-        if self.options.enable_sleep_mode and not self._asleep:
-            self.llm.sleep(level=1)  # weights to host memory, KV cache freed, for the update
-            self._asleep = True
+    def sleep(self, level: int) -> int:
+        """Free the engine's device memory until its next use; returns the level it sleeps at (0:
+        it stays awake: not built yet, or sleep mode off; an engine already asleep keeps its level).
+        Level 1 keeps the weights in host memory; level 2 discards them, so the next use re-syncs
+        them from the learner. An adapter engine sleeps at level 1 at most: its base never changes
+        and only the adapter is ever re-sent."""
+        if not self.built or not self.options.enable_sleep_mode or self.level:
+            return self.level
+        level = 1 if self.adapter is not None else level
+        self.llm.sleep(level=level)
+        self.level, self._asleep = level, {"weights", "kv_cache"}
+        if level == 2:
+            self.stale = True  # its weights are gone: the next use syncs them in again
+        return level
 
-    # --- sampling ---------------------------------------------------------------------------
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Wake the engine (``tags=["weights"]``: only its weights, before a sync fills them)."""
+        wanted = {"weights", "kv_cache"} if tags is None else set(tags)
+        if self._asleep & wanted:
+            self.llm.wake_up(tags=tags)
+            self._asleep -= wanted
+            if not self._asleep:
+                self.level = 0
+
+    def _ready(self) -> None:
+        """Before a generate: synced if the learner moved on, and awake."""
+        if self.stale:
+            self.sync()
+        self.wake()
+
     def prompt(self, observation: dict[str, Any]) -> dict[str, Any]:
         """vLLM prompt of one observation: token ids of the chat prompt, plus media for multimodal families."""
         family = self.agent.family
@@ -169,9 +221,7 @@ class VLLMBackend:
     ) -> list[Generation]:
         from vllm import SamplingParams
 
-        if self.stale:
-            self.sync()
-        self._wake()
+        self._ready()
         agent = self.agent
         # one seed per request (one shared seed would give every rollout of a group the same
         # sample), drawn from torch's generator so seeded runs repeat, as HF sampling does
@@ -191,7 +241,7 @@ class VLLMBackend:
             )
             for seed in seeds
         ]
-        outputs = self.llm.generate([self.prompt(o) for o in observations], params, use_tqdm=False)
+        outputs = self._generate([self.prompt(o) for o in observations], params)
         results = []
         for out in outputs:
             completion = out.outputs[0]
@@ -199,44 +249,86 @@ class VLLMBackend:
             logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], ids)]
             results.append(Generation(torch.tensor(ids, dtype=torch.long),
                                       sampler_logprobs=torch.tensor(logprobs, dtype=torch.float32)))
-        self._sleep()
         return results
 
     def score(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """The engine's log-probs of given completions after given prompts (token ids), at
         temperature 1: vLLM's prompt log-probs of prompt + completion. For checks of the sync and
         the sampler-learner gap."""
+        self._ready()
+        return self._score(prompts, completions)
+
+    def _score(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         from vllm import SamplingParams
 
-        if self.stale:
-            self.sync()
-        self._wake()
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         requests = [{"prompt_token_ids": list(p) + list(c)} for p, c in zip(prompts, completions)]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        if self.adapter is None:
+            outputs = self._generate(requests, params)
+        else:  # vLLM 0.32 CPU: prompt log-probs of several LoRA requests at once fail in its LoRA logits op
+            outputs = [out for request in requests for out in self._generate([request], params)]
         scores = []
         for out, prompt, completion in zip(outputs, prompts, completions):
             steps = out.prompt_logprobs[len(prompt) :]
             scores.append(torch.tensor([step[t].logprob for step, t in zip(steps, completion)], dtype=torch.float32))
-        self._sleep()
         return scores
+
+    def _generate(self, prompts: list[dict[str, Any]], params):
+        """``LLM.generate``, with this agent's adapter when it has one; never into a sleeping engine."""
+        assert not self._asleep, f"{self.where}: generate on a sleeping vLLM engine"
+        request = None if self.adapter is None else self.adapter.request()
+        extra = {} if request is None else {"lora_request": request}
+        return self.llm.generate(prompts, params, use_tqdm=False, **extra)
 
     # --- weight sync --------------------------------------------------------------------------
     @torch.no_grad()
     def sync(self) -> int:
-        """Load the learner's weights into the engine, one layer at a time; returns tensors sent.
+        """Bring the learner's weights into the engine and verify them; returns tensors sent.
 
-        Every rank must call it (gathering a sharded parameter is a collective); a rank without an
-        engine of its own would still take part in the gathers.
+        A full fine-tune sends every weight, one layer at a time; a LoRA agent sends its adapter
+        as the next version. The engine is woken first (its weights, then its KV cache): weights
+        never go into a sleeping engine. Every rank must call it (gathering a sharded parameter is
+        a collective, and so is the learner's forward of the probe).
         """
-        self._wake()
+        self.wake(["weights"])
+        if self.adapter is None:
+            sent = self._load(layers(self.agent.model))
+        self.wake()
+        if self.adapter is not None:
+            sent = self._load_adapter()
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.syncs += 1
+        self.verify()  # raises WeightSyncError, leaving the engine stale
+        self.stale = False
+        return sent
+
+    def _load(self, groups) -> int:
+        assert "weights" not in self._asleep, f"{self.where}: weights into a sleeping vLLM engine"
         sent = 0
         layerwise = all(self.llm.collective_rpc(_begin_reload))
-        for group in layers(self.agent.model):
+        for group in groups:
             sent += sum(self.llm.collective_rpc(_load_weights, args=(group,))[:1])
         if layerwise:
             self.llm.collective_rpc(_end_reload)
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        self.stale = False
-        self.syncs += 1
         return sent
+
+    def _load_adapter(self) -> int:
+        """Write the adapter's next version, load it into the engine and forget the older ones."""
+        assert not self._asleep, f"{self.where}: an adapter into a sleeping vLLM engine"
+        sent = self.adapter.save()
+        engine = self.llm.llm_engine
+        engine.add_lora(self.adapter.request())
+        for version in self.adapter.drop_older():
+            if version in engine.list_loras():
+                engine.remove_lora(version)
+        return sent
+
+    def verify(self) -> float:
+        """The engine's log-probs of the probe against the learner's (``backends.verify``)."""
+        if self._probe is None:
+            self._probe = make_probe(self.agent)
+        probe = self._probe
+        learner = learner_logprobs(self.agent, probe)
+        engine = self._score([probe.prompt_ids], [probe.completion_ids])[0]
+        self.gap = check_sync(f"agents.{self.agent.name}", self.syncs, engine, learner, self.tolerance)
+        return self.gap

@@ -2,8 +2,9 @@
 
 Under FSDP2 every parameter is a ``DTensor`` shard; ``full_tensor()`` gathers one parameter on
 every rank (a collective: all ranks iterate the same names in the same order), so at most one
-layer is ever whole in memory. A peft model yields its base weights with the LoRA update merged
-in (``merge_adapter`` / ``unmerge_adapter`` around the walk) under the base model's names.
+layer is ever whole in memory. A peft model yields its base weights only, under the base model's
+names: its adapter travels on its own (``backends.adapter_sync``), and the engine applies it as a
+vLLM LoRA request.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ _LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
 _PEFT_PREFIX = "base_model.model."
 
 
-def _full(tensor: torch.Tensor) -> torch.Tensor:
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a DTensor shard (a collective), or the tensor itself; detached."""
     full_tensor = getattr(tensor, "full_tensor", None)  # torch.distributed.tensor.DTensor
     return (full_tensor() if full_tensor is not None else tensor).detach()
 
 
 def engine_name(name: str) -> str | None:
     """The checkpoint name of a learner parameter; None for parameters the engine has no use for
-    (LoRA factors, which are merged into their base weight)."""
+    (LoRA factors, which reach the engine as an adapter)."""
     if "lora_" in name or ".original_module." in name:
         return None
     if name.startswith(_PEFT_PREFIX):
@@ -35,25 +37,18 @@ def engine_name(name: str) -> str | None:
 
 def layers(model: nn.Module) -> Iterator[list[tuple[str, torch.Tensor]]]:
     """(name, full tensor) lists, one decoder layer (or one loose parameter) per list, in order."""
-    is_peft = hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
-    if is_peft:
-        model.merge_adapter()
-    try:
-        group: list[tuple[str, torch.Tensor]] = []
-        current: str | None = None
-        for name, param in model.named_parameters():
-            target = engine_name(name)
-            if target is None:
-                continue
-            match = _LAYER.match(target)
-            key = match.group(1) if match else target
-            if group and key != current:
-                yield group
-                group = []
-            current = key
-            group.append((target, _full(param)))
-        if group:
+    group: list[tuple[str, torch.Tensor]] = []
+    current: str | None = None
+    for name, param in model.named_parameters():
+        target = engine_name(name)
+        if target is None:
+            continue
+        match = _LAYER.match(target)
+        key = match.group(1) if match else target
+        if group and key != current:
             yield group
-    finally:
-        if is_peft:
-            model.unmerge_adapter()
+            group = []
+        current = key
+        group.append((target, full(param)))
+    if group:
+        yield group

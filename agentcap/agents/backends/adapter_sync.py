@@ -1,0 +1,80 @@
+"""Adapter-only syncs: a LoRA agent's engine holds the base model and receives only the adapter.
+
+After each update the agent's adapter tensors (peft's ``get_peft_model_state_dict``; DTensor shards
+gathered one tensor at a time) are written as a peft folder, ``adapter_config.json`` +
+``adapter_model.safetensors``, one folder per version under a private temporary directory of this
+process. The engine generates with ``LoRARequest(name, version, folder)``: a new id per version, so
+vLLM loads the new tensors instead of its cached ones. The folder and the engine's copy of the
+previous version are dropped once the new one is in, so disk and engine memory hold one version.
+An adapter of rank r is a few MB where the merged model is GBs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import weakref
+
+import torch
+
+from agentcap.agents.backends.weights import full
+
+#: max_lora_rank values vLLM accepts (0.26 and 0.32); the engine takes the smallest ≥ the adapter's r.
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def max_lora_rank(r: int, where: str) -> int:
+    for rank in LORA_RANKS:
+        if rank >= r:
+            return rank
+    raise ValueError(f"{where}.peft.r: vLLM serves LoRA ranks up to {LORA_RANKS[-1]}, got {r}")
+
+
+class AdapterVersions:
+    """The versions of one agent's adapter on disk, and the LoRA request of the newest."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.root = tempfile.mkdtemp(prefix=f"agentcap-lora-{agent.name}-")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
+        self.version = 0
+
+    @property
+    def rank(self) -> int:
+        adapters = self.agent.adapters
+        return adapters.peft_model.peft_config[adapters.name].r
+
+    def folder(self, version: int) -> str:
+        return os.path.join(self.root, f"v{version}")
+
+    @torch.no_grad()
+    def save(self) -> int:
+        """Write the agent's current adapter as the next version; returns the tensors written."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        adapters = self.agent.adapters
+        tensors = get_peft_model_state_dict(adapters.peft_model, adapter_name=adapters.name)
+        tensors = {name: full(t).cpu().contiguous() for name, t in tensors.items()}
+        self.version += 1
+        folder = self.folder(self.version)
+        os.makedirs(folder)
+        save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
+        adapters.peft_model.peft_config[adapters.name].save_pretrained(folder)  # adapter_config.json
+        return len(tensors)
+
+    def request(self):
+        """The LoRA request of the newest version (None before the first save)."""
+        if self.version == 0:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(f"{self.agent.name}-v{self.version}", self.version, self.folder(self.version))
+
+    def drop_older(self) -> list[int]:
+        """Remove every folder but the newest; returns the versions removed."""
+        old = [v for v in range(1, self.version) if os.path.isdir(self.folder(v))]
+        for version in old:
+            shutil.rmtree(self.folder(version), ignore_errors=True)
+        return old

@@ -1,0 +1,42 @@
+"""Rewrite the recipe sections of docs/memory-plan.md with what `agentcap plan` prints for each.
+
+The command is the single source: each `## configs/<recipe>.yaml` section is its output verbatim
+(tests/test_plan.py checks it); the prose above the first section is kept as written.
+    python tools/gen_memory_plan.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from pathlib import Path
+
+from agentcap.commands.plan import plan_command
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ("read", "audiomap", "acecap")
+MARK = "\n## configs/"
+
+
+def section(name: str) -> str:
+    args = ["--config", f"configs/{name}.yaml", "--root", "tools/plan_models"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = plan_command(args)
+    if code != 0:
+        raise SystemExit(f"agentcap plan {' '.join(args)} exited {code}")
+    return f"## configs/{name}.yaml\n\n```\n$ agentcap plan {' '.join(args)}\n```\n\n{out.getvalue()}"
+
+
+def main() -> int:
+    os.chdir(ROOT)  # the command's output names the config as given: configs/<recipe>.yaml
+    path = ROOT / "docs" / "memory-plan.md"
+    prose = path.read_text().split(MARK)[0].rstrip("\n")
+    path.write_text(prose + "\n\n" + "\n".join(section(name) for name in RECIPES))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
