@@ -153,3 +153,38 @@ def test_the_learner_does_not_share_under_gradient_checkpointing():
     agent.family.prompt_cache = lambda inputs: calls.append(1)
     agent.completion_logprobs(inputs, completion, torch.ones_like(completion))
     assert not calls
+
+
+def test_a_sharded_learner_does_not_share_and_its_backward_runs(tmp_path):
+    """Under FSDP2 the prefill would be a second forward of every sharded block before one backward,
+    and that backward fails (its gathered weights are already freed): a sharded model reads each row
+    whole, with the plain path's log-probs and gradients."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from agentcap.agents.agent import pad_right
+    from agentcap.parallel.sharding import shard_agents
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        agent = tiny_agent("qwen2", max_new_tokens=4, temperature=1.0)
+        agent.set_trainable(True)
+        obs = grouped(text_items())
+        gens = agent.generate(obs, seeds=list(range(len(obs))), old_logprobs=False)
+        completion, mask = pad_right([g.completion_ids for g in gens], agent.tokenizer.pad_token_id)
+        inputs = agent.encode(obs)
+        agent.share_prompts = False
+        plain = agent.completion_logprobs(inputs, completion, mask)
+        plain.sum().backward()
+        plain_grads = {n: p.grad.clone() for n, p in agent.model.named_parameters()}
+        agent.model.zero_grad(set_to_none=True)
+        shard_agents({"policy": agent}, init_device_mesh("cpu", (1,)))
+        agent.share_prompts = True
+        logprobs = agent.completion_logprobs(inputs, completion, mask)
+        logprobs.sum().backward()
+        torch.testing.assert_close(logprobs.detach(), plain.detach(), atol=1e-5, rtol=1e-5)
+        for name, param in agent.model.named_parameters():
+            grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
+            torch.testing.assert_close(grad, plain_grads[name.replace("_fsdp_wrapped_module.", "")], atol=1e-5, rtol=1e-4)
+    finally:
+        dist.destroy_process_group()

@@ -24,6 +24,7 @@ import torch
 
 from agentcap.agents.checkpointing import is_checkpointed
 from agentcap.agents.prefix import shared_prompt_cache
+from agentcap.parallel.sharding import is_sharded
 
 Observation = dict[str, Any]
 
@@ -115,8 +116,10 @@ class Family:
         t = completion.shape[1]
         if "logits_to_keep" in self._forward_params:
             full["logits_to_keep"] = t + 1  # the prompt's logits are never needed: saves [N, P, V]
-        # a checkpointed layer's recompute would append to the cache a second time
-        cache = self.prompt_cache(inputs) if share_prompts and not is_checkpointed(self.model) else None
+        # a checkpointed layer's recompute would append to the cache a second time; a sharded (FSDP2)
+        # block would run two forwards before one backward, which frees its gathered weights too early
+        shared = share_prompts and not is_checkpointed(self.model) and not is_sharded(self.model)
+        cache = self.prompt_cache(inputs) if shared else None
         if cache is not None:
             p = inputs["input_ids"].shape[1]
             rest = {k: v[:, p - 1 :] for k, v in full.items() if k in ("input_ids", "position_ids", *PER_TOKEN_KEYS)}
