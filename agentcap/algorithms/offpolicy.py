@@ -6,11 +6,24 @@ sampling time (π_old). Truncated importance sampling (TIS, as TRL and verl offe
 each token of the clipped objective by w = min(π_old / π_sampler, C), detached, which makes the
 gradient that of the learner's policy again while the cap C bounds its variance. Off by default
 (``tis_cap: null``); with the HF backend π_sampler = π_old and w = 1.
+
+Stale rollouts (``max_staleness`` K ≥ 1, ``agentcap.rollout.pipeline``) are the same correction with a
+larger gap: π_sampler is the policy of up to K optimiser steps ago, π_old the learner's at the update
+(the "proximal" policy of decoupled PPO), so the clipped ratio stays anchored at the current policy and
+w carries the staleness. They need a cap: with ``tis_cap: null`` they get :data:`STALE_TIS_CAP`.
 """
 
 from __future__ import annotations
 
 import torch
+
+#: The truncation used for stale rollouts when ``tis_cap`` is not set: w = min(π_old / π_sampler, 2).
+STALE_TIS_CAP = 2.0
+
+
+def effective_tis_cap(tis_cap: float | None, max_staleness: int) -> float | None:
+    """``tis_cap`` as given, or :data:`STALE_TIS_CAP` when rollouts run ahead (K ≥ 1) and none is given."""
+    return STALE_TIS_CAP if tis_cap is None and max_staleness > 0 else tis_cap
 
 
 def truncated_importance_weights(

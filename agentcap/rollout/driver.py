@@ -105,6 +105,7 @@ class RolloutDriver:
         sample_agents: set[str] | None = None,
         positions: Sequence[int] | None = None,
         old_logprobs: bool = True,
+        stand_ins: Mapping[str, Agent] | None = None,
     ) -> RolloutBatch:
         """Roll out every item ``group_size`` times; ``items`` replaces dataset indices (inference).
 
@@ -114,6 +115,8 @@ class RolloutDriver:
         trajectory ``positions[i] * group_size + g`` samples from its own seed at every turn, so any
         split of a global batch over processes rolls out the same trajectories. Without
         ``old_logprobs`` the spans carry none (GRPO computes them only when off-policy).
+        ``stand_ins`` act in place of the agents they name (a sampler copy of a trainable agent,
+        ``agentcap.rollout.pipeline``); spans keep the role's name.
         """
         keys = list(items) if items is not None else list(indices or [])
         n = len(keys) * group_size
@@ -141,7 +144,7 @@ class RolloutDriver:
             for name, trajectories, stand_in_calls, stand_in in lockstep.turn(
                 waiting, observations, self.generation_batch_size
             ):
-                agent = self._agent(name)
+                agent = (stand_ins or {}).get(name) or self._agent(name)
                 samples = not greedy and (sample_agents is None or name in sample_agents)
                 seeds = None if seed is None else [trajectory_seed(seed, ids[t], turns[t]) for t in trajectories]
                 extra = {} if old_logprobs else {"old_logprobs": False}  # agents without the option still work

@@ -25,8 +25,9 @@ Implementation details:
    Lightning's ``bf16-mixed`` autocast, which wraps every training step: rollout and update).
 
 The rooms it calls: ``rollout.splits`` (environments, drivers, item order), ``rollout.replay``
-(harvested Instruct items), ``training.optim`` (the trainable agent's optimiser),
-``agents.reference`` (π_ref), ``training.logs`` (global metrics, samples), ``parallel`` (ranks);
+(harvested Instruct items), ``rollout.pipeline`` (rollouts sampled ahead of the update,
+``max_staleness``), ``training.optim`` (the trainable agent's optimiser), ``agents.reference`` (π_ref),
+``training.logs`` (global metrics, samples), ``parallel`` (ranks);
 its evaluation hooks come from ``evaluation.hooks`` and its checkpoint hooks from ``resume.hooks``.
 """
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -47,7 +48,7 @@ from agentcap.agents.reference import kl_reference
 from agentcap.agents.tokens import pad_right
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.algorithms.loop import normalize_by_type
-from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weights
+from agentcap.algorithms.offpolicy import effective_tis_cap, sampler_gap, truncated_importance_weights
 from agentcap.core.settings import ConfigError, check
 from agentcap.evaluation.benchmark import BenchmarkConfig
 from agentcap.evaluation.hooks import EvaluationHooks
@@ -57,9 +58,11 @@ from agentcap.parallel import distributed
 from agentcap.parallel.sharding import is_sharded, load_model_state, load_optimizer_state, mixed_precision, shard_agents
 from agentcap.resume.checkpoints import TickCheckpoint
 from agentcap.resume.hooks import ResumeHooks
-from agentcap.rollout.driver import Span
+from agentcap.rollout.driver import RolloutBatch, Span
+from agentcap.rollout.pipeline import RolloutPipeline
 from agentcap.rollout.replay import Replay
 from agentcap.rollout.splits import EnvConfig, Splits
+from agentcap.training import engines
 from agentcap.training.callbacks import EvaluationStops, ResultsTable, SampleTable, TickStep
 from agentcap.training.logs import StepClock, emit, rollout_metrics, sample_rows, update_metrics
 from agentcap.training.old_policy import fill_old_logprobs, old_or_current
@@ -82,6 +85,7 @@ SETTINGS = {
     "ppo_epochs": "≥ 1", "clip_eps": "in (0, 1)", "clip_eps_high": "> 0", "beta": "≥ 0", "eps_norm": "> 0",
     "sft_batch_size": "≥ 1", "max_grad_norm": "> 0", "weight_decay": "≥ 0", "eval_limit": "≥ 1",
     "generation_batch_size": "≥ 1", "sample_every": "≥ 1", "seed": "≥ 0", "tis_cap": "> 0",
+    "max_staleness": "≥ 0",
 }
 
 
@@ -131,7 +135,11 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         run_dir: where ``summary.json`` and checkpoints go.
         seed: seeds sampling (per trajectory, from its global position) and the order of items.
         tis_cap: truncated importance sampling between a vLLM sampler and the learner: each
-            token's surrogate is weighted by min(π_old / π_sampler, tis_cap); None (default) is off.
+            token's surrogate is weighted by min(π_old / π_sampler, tis_cap); None (default) is off,
+            except with ``max_staleness`` ≥ 1, where it is ``offpolicy.STALE_TIS_CAP``.
+        max_staleness: K, rollouts sampled ahead of the update: step s samples with the weights of
+            step max(0, s − K) while earlier steps update (``agentcap.rollout.pipeline``,
+            ``docs/async.md``); 0 (default) samples each step with its own weights.
         benchmark: every greedy ``evaluate`` stage also reports caption-as-evidence accuracy on this
             benchmark (``{path, judge}``; ``agentcap.evaluation.hooks.stage_benchmark``).
     """
@@ -163,6 +171,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         seed: int = 0,
         tis_cap: float | None = None,
         benchmark: BenchmarkConfig | None = None,
+        max_staleness: int = 0,
     ):
         # every setting is checked before anything loads (ConfigError: `agentcap fit` prints one line)
         arguments = locals()
@@ -175,6 +184,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         schedule = Schedule(stages, list(agents))
         for role, config in agents.items():
             config.check(role)
+        RolloutPipeline.check(max_staleness, agents)
         check_trainable_precision(agents, stages)
         super().__init__()
         self.schedule = schedule
@@ -191,7 +201,9 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         self.sft_batch_size, self.max_grad_norm, self.weight_decay = sft_batch_size, max_grad_norm, weight_decay
         self.eval_limit, self.eval_metrics, self.generation_batch_size = eval_limit, eval_metrics, generation_batch_size
         self.sample_every, self.run_dir, self.seed = sample_every, run_dir, seed
-        self.tis_cap, self.benchmark = tis_cap, benchmark
+        self.tis_cap, self.benchmark = effective_tis_cap(tis_cap, max_staleness), benchmark
+        self.max_staleness = max_staleness
+        self.pipeline = RolloutPipeline(max_staleness)
         self.tick = 0
         self.summary: dict[str, dict[str, float]] = {}
         self.samples: list[dict[str, Any]] = []
@@ -208,6 +220,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         """Under ``grpo_fsdp`` every agent is sharded on its own (``agentcap.parallel.sharding``)."""
         mesh = getattr(self, "_device_mesh", None)
         if mesh is not None:
+            RolloutPipeline.check_sharded(self.max_staleness)
             # full fine-tunes with a KL reference get a sharded frozen copy now (agents.reference)
             kl = {s.agent for s in self.schedule.stages if s.kind == "grpo"} if self.beta > 0 else set()
             mirrored = {name for name in kl if self.agents[name].adapters is None}
@@ -276,6 +289,9 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             agent.set_trainable(agent.name == stage.agent and stage.kind != "evaluate")
         trainable = [a for a in self.agents.values() if a.trainable]
         assert len(trainable) <= 1, "exactly one agent may train at a time"
+        # the previous stage's rollouts in flight are dropped; a GRPO stage with K ≥ 1 gets a sampler copy
+        self.pipeline.begin(index, trainable[0] if stage.kind == "grpo" else None,
+                            self.trainer.precision_plugin.train_step_context if self._trainer is not None else None)
         self._optimizer, self._scheduler, self._reference = None, None, None
         if trainable:
             agent = trainable[0]
@@ -301,6 +317,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             harvested = self.replay.begin(stage, index, self.tick, saved)
             if harvested is not None:
                 self._emit({"harvest/items": float(harvested)})
+        engines.begin_stage(self.agents, self.schedule.stages, index, self.env_config)  # unused vLLM engines sleep
 
     def _where(self) -> str:
         """The stage and tick, for a NaN / Inf error (``training.finite``)."""
@@ -313,17 +330,12 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
     # --- GRPO ---------------------------------------------------------------------------------
     def grpo_step(self, stage: Stage, step: int) -> None:
         agent = self.agents[stage.agent]
-        groups = self.splits.item_indices(stage, self._stage_index or 0, step, self.rollout_batch_size // self.group_size)
-        items, positions = distributed.share(groups, "groups")
-        seed = self.seed * 1_000_003 + self.tick * 10_007  # per tick: sampling repeats exactly after a resume
         clock = StepClock(self.device)
         driver = self.splits.driver("train", stage)
-        # old log-probs come lazily from the update (agentcap.training.old_policy), except for a sharded agent:
-        # its forwards are collectives, and a lazy pass would run a different number on each rank
-        batch = driver.run(
-            items, self.group_size, seed=seed, sample_agents={agent.name}, positions=positions,
-            old_logprobs=is_sharded(agent.model),
-        )
+        # R_step, sampled now; with max_staleness K ≥ 1 sampled in the background by θ_{step−K} (rollout.pipeline)
+        start = self.tick - step
+        batch, staleness = self.pipeline.take(step, stage.steps - 1, agent,
+                                              lambda later: self._rollout(stage, later, start + later))
         clock.mark("rollout")
         spans = batch.spans_of(agent.name)
         # advantages: group-normalised utilities per (group, kind) — READ Eq. 1 / LOOP Eq. 17
@@ -341,10 +353,30 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         metrics.update(self._skipped_rows())
         metrics["stage"] = float(self._stage_index or 0)
         metrics[f"lr/{agent.name}"] = self._optimizer.param_groups[0]["lr"]  # this step's
+        if self.max_staleness:
+            metrics["async/staleness"] = float(staleness)
         self._emit(metrics)
         if step % max(self.sample_every, 1) == 0:  # the first step of every stage, then every N
             self.samples = sample_rows(batch, stage.name, self.tick, self.group_size,
                                        reference_field(driver.scorer.unwrapped))
+
+    def _rollout(self, stage: Stage, step: int, tick: int) -> Callable[[Mapping[str, Agent] | None], RolloutBatch]:
+        """The rollout of the stage's ``step`` (schedule ``tick``): its items and seed now, the sampling
+        when called (``stand_ins``: a sampler copy acting for the trainable agent)."""
+        agent = self.agents[stage.agent]
+        groups = self.splits.item_indices(stage, self._stage_index or 0, step, self.rollout_batch_size // self.group_size)
+        items, positions = distributed.share(groups, "groups")
+        seed = self.seed * 1_000_003 + tick * 10_007  # per tick: sampling repeats exactly after a resume
+        driver = self.splits.driver("train", stage)
+        # old log-probs come lazily from the update (agentcap.training.old_policy), except for a sharded agent:
+        # its forwards are collectives, and a lazy pass would run a different number on each rank
+        return lambda stand_ins: driver.run(
+            items, self.group_size, seed=seed, sample_agents={agent.name}, positions=positions,
+            old_logprobs=is_sharded(agent.model), stand_ins=stand_ins,
+        )
+
+    def teardown(self, stage: str) -> None:
+        self.pipeline.close()  # the rollout worker thread, if any
 
     def _skipped_rows(self) -> dict[str, float]:
         """``data/<split>/skipped_rows`` of the splits whose count is new or changed: logged once, not every step."""

@@ -1,0 +1,156 @@
+"""Rollouts that overlap the update: bounded-staleness asynchronous GRPO (``model.max_staleness: K``).
+
+Within a GRPO stage the rollouts R_s of step s are sampled with the trainable agent's weights
+θ_{max(0, s−K)}, exactly, so a seed and K give the same figures whatever the threads' timing. One
+background thread samples R_{s+1} … R_{s+K}, in order, while the main thread updates θ_s → θ_{s+1}
+with R_s. Each queued batch carries a snapshot of the trainable tensors it must be sampled with; the
+worker loads it into the agent's sampler copy (``agentcap.agents.backends.snapshot``) just before it
+starts that batch, so the sampler never changes mid-generation. Frozen agents act with their own
+weights, which do not change within a stage. Nothing is queued past the stage's last GRPO step and
+:meth:`RolloutPipeline.begin` drains the queue, so no rollout crosses a stage boundary.
+
+With K = 0 :meth:`RolloutPipeline.take` runs the rollout inline: no thread, no copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, ContextManager
+
+import torch
+
+from agentcap.agents.agent import Agent, AgentConfig
+from agentcap.agents.backends.snapshot import sampler_copy, trainable_weights
+from agentcap.core.settings import ConfigError
+from agentcap.rollout.driver import RolloutBatch
+
+#: ``request(step)`` is called in the main thread (items, seeds: anything that may talk to other
+#: ranks); the callable it returns rolls out, in the worker, with ``stand_ins`` acting for their roles.
+Request = Callable[[int], Callable[[Mapping[str, Agent] | None], RolloutBatch]]
+
+
+class RolloutPipeline:
+    """Up to ``max_staleness`` rollout batches in flight, sampled by one worker thread."""
+
+    def __init__(self, max_staleness: int = 0):
+        self.max_staleness = max_staleness
+        self._executor: ThreadPoolExecutor | None = None
+        # step → (future, the weights it samples with, their step)
+        self._pending: dict[int, tuple[Future, dict[str, torch.Tensor], int]] = {}
+        self._sampler: Agent | None = None
+        self._context: Callable[[], ContextManager] = contextlib.nullcontext
+        self._stage: int | None = None
+        self._saved: dict[int, tuple[dict[str, torch.Tensor], int]] = {}  # from a checkpoint, for its stage
+
+    @staticmethod
+    def check(max_staleness: int, agents: Mapping[str, AgentConfig]) -> None:
+        """Refuse, before anything loads, what cannot sample in a second thread while the learner updates."""
+        if not max_staleness:
+            return
+        for role, config in agents.items():
+            if config.share_base_with is not None:
+                raise ConfigError(
+                    f"--model.max_staleness {max_staleness} needs every agent to own its model, but "
+                    f"agents.{role}.share_base_with is {config.share_base_with!r}: the roles switch adapters "
+                    "on one model, which the update and the rollout thread would do at once; use max_staleness 0"
+                )
+            if config.backend != "hf":
+                raise ConfigError(
+                    f"--model.max_staleness {max_staleness}: agents.{role}.backend {config.backend!r} is not "
+                    "supported yet with rollouts ahead of the update (backend: hf is); use max_staleness 0"
+                )
+
+    @staticmethod
+    def check_sharded(max_staleness: int) -> None:
+        """Under ``grpo_fsdp`` every forward of a sharded agent is a collective: a rollout thread's
+        forwards would interleave with the update's collectives differently on each rank."""
+        if max_staleness:
+            raise ConfigError(
+                f"--model.max_staleness {max_staleness} cannot run under --trainer.strategy grpo_fsdp (sharded "
+                "agents: every forward is a collective, and rollouts would overlap the update's); use "
+                "max_staleness 0, or grpo_ddp / ddp"
+            )
+
+    def begin(self, stage_index: int, agent: Agent | None, context: Callable[[], ContextManager] | None = None) -> None:
+        """A stage boundary: drop whatever is in flight; a GRPO stage (``agent`` set) with K ≥ 1 gets a
+        sampler copy of its trainable agent. ``context`` is entered by the worker around each rollout
+        (the trainer's precision context: autocast is thread-local)."""
+        self.drain()
+        self._sampler = None
+        if self._stage != stage_index:
+            self._saved = {}  # a checkpoint's pending batches belong to the stage it was written in
+        self._stage = stage_index
+        if self.max_staleness and agent is not None:
+            self._sampler = sampler_copy(agent)
+            self._context = context or contextlib.nullcontext
+
+    def take(self, step: int, last_step: int, agent: Agent, request: Request) -> tuple[RolloutBatch, int]:
+        """R_step and its staleness (optimiser steps between its weights and the current ones).
+
+        First queues every step up to ``step + K`` (never past ``last_step``) that is not queued yet,
+        with the current weights θ_step; then waits for R_step.
+        """
+        if not self.max_staleness:
+            return request(step)(None), 0
+        if self._sampler is None:
+            raise RuntimeError("RolloutPipeline.take before begin() of a GRPO stage")
+        for later in range(step, min(step + self.max_staleness, last_step) + 1):
+            if later not in self._pending:
+                weights, version = self._saved.pop(later, None) or (trainable_weights(agent), step)
+                self._submit(later, request(later), weights, version)
+        future, _, version = self._pending.pop(step)
+        return future.result(), step - version
+
+    def _submit(self, step: int, run, weights: dict[str, torch.Tensor], version: int) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="agentcap-rollout")
+        future = self._executor.submit(self._rollout, run, weights, version)
+        self._pending[step] = (future, weights, version)
+
+    def _rollout(self, run, weights: dict[str, torch.Tensor], version: int) -> RolloutBatch:
+        """In the worker thread: the sampler takes the batch's weights, then rolls it out."""
+        sampler = self._sampler
+        assert sampler is not None
+        with self._context():
+            sampler.backend.load(weights, version)
+            return run({sampler.name: sampler})
+
+    def drain(self) -> None:
+        """Cancel queued batches and wait for the one being sampled; their results (and errors) are
+        dropped: the stage that wanted them is over."""
+        for future, _, _ in self._pending.values():
+            future.cancel()
+        for future, _, _ in self._pending.values():
+            if not future.cancelled():
+                with contextlib.suppress(Exception):
+                    future.result()
+        self._pending.clear()
+
+    def close(self) -> None:
+        """Drain and stop the worker thread (the fit ended)."""
+        self.drain()
+        self._sampler = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def state(self) -> dict[str, Any] | None:
+        """The batches in flight as what regenerates them: their step and the weights they are sampled
+        with (tensors only, for ``torch.load(weights_only=True)``). Sampling is a pure function of the
+        weights, the items and the tick's seed, so a resume that samples them again gets the same rollouts."""
+        if not self._pending:
+            return None
+        return {"stage": self._stage, "pending": [
+            {"step": step, "version": version, "weights": weights}
+            for step, (_, weights, version) in sorted(self._pending.items())
+        ]}
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        """A checkpoint's batches in flight, queued again by :meth:`take` when their stage resumes."""
+        self._saved = {}
+        if state:
+            self._stage = int(state["stage"])
+            self._saved = {int(p["step"]): (dict(p["weights"]), int(p["version"])) for p in state["pending"]}

@@ -1,0 +1,170 @@
+"""GRPO step wall time with rollouts overlapping the update (max_staleness K = 1) against the serial step (K = 0).
+
+Why: with K = 1 the rollouts of step s+1 are sampled in a background thread while step s updates
+(``agentcap.rollout.pipeline``), so a step should cost about max(generation, update) instead of their
+sum. The settings are ``tools/bench_step.py``'s (SmolLM2-135M-Instruct, float32, G rollouts of each
+prompt, exactly ``--new-tokens`` new tokens, a cheap reward, one AdamW step); the K = 1 step samples
+with the agent's sampler copy (HF backend) through the real pipeline. Each measurement is a fresh
+process; K = 0 and K = 1 alternate, and the table gives per-pair ratios (min / median), because the
+machine is shared and noisy. Placement: ``--threads`` intra-op threads for the whole process (K = 1
+runs two Python threads, the learner's and the sampler's, over the same pool); ``--k0-threads`` lets
+the serial baseline use every core for its intra-op work.
+
+    python tools/bench_async.py --pairs 3
+    python tools/bench_async.py --pairs 3 --k0-threads 2      # baseline with both cores per op
+    python tools/bench_async.py --trl-python .venv-bench/bin/python   # also TRL's synchronous step
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_step import PROMPTS, load, reward  # noqa: E402  (the same model, prompts and reward)
+
+
+def steps(args) -> dict:
+    from agentcap.agents.agent import Agent, pad_right
+    from agentcap.algorithms.grpo import clipped_objective, token_weights
+    from agentcap.algorithms.loop import normalize_by_type
+    from agentcap.algorithms.offpolicy import effective_tis_cap, truncated_importance_weights
+    from agentcap.agents.sampling import trajectory_seed
+    from agentcap.rollout.pipeline import RolloutPipeline
+    from agentcap.training.old_policy import old_or_current
+    from agentcap.training.optim import build_optimizer, optimizer_step
+
+    model, tokenizer = load(args.seed)
+    model.generation_config.min_new_tokens = args.new_tokens  # same lengths every step
+    agent = Agent("policy", model, tokenizer, max_new_tokens=args.new_tokens, lr=1e-6)
+    agent.set_trainable(True)
+    optimizer = build_optimizer(agent, lr=1e-6)
+    prompts = [{"agent": "policy", "messages": [{"role": "user", "content": p}]} for p in PROMPTS[: args.prompts]]
+    observations = [o for o in prompts for _ in range(args.group)]
+    pipeline = RolloutPipeline(args.k)
+    pipeline.begin(0, agent)
+    cap = effective_tis_cap(None, args.k)
+
+    def request(step: int):
+        seeds = [trajectory_seed(args.seed + step, t, 0) for t in range(len(observations))]
+        return lambda stand_ins: (stand_ins or {}).get("policy", agent).generate(observations, seeds=seeds,
+                                                                                 old_logprobs=False)
+
+    times, waits, updates = [], [], []
+    total = args.steps + 1
+    for step in range(total):
+        start = time.perf_counter()
+        gens, _ = pipeline.take(step, total - 1, agent, request)
+        waited = time.perf_counter() - start
+        rewards = reward([g.text for g in gens])
+        advantages = normalize_by_type(rewards, ["completion"] * len(gens), [i // args.group for i in range(len(gens))],
+                                       eps=1e-6)
+        spans = [SimpleNamespace(observation=o, completion_ids=g.completion_ids, old_logprobs=None, advantage=float(a))
+                 for o, g, a in zip(observations, gens, advantages)]
+        t0 = time.perf_counter()
+        completion, mask = pad_right([s.completion_ids for s in spans], tokenizer.pad_token_id)
+        logprobs = agent.completion_logprobs(agent.encode(observations), completion, mask)
+        old = old_or_current(spans, logprobs)
+        tis = None
+        if cap is not None:
+            sampler, _ = pad_right([g.sampler_logprobs for g in gens], 0)
+            tis = truncated_importance_weights(old, sampler, mask, cap)
+        out = clipped_objective(logprobs, old, torch.tensor([s.advantage for s in spans]), mask,
+                                weights=token_weights(mask, normalizer=float(mask.sum())), importance_weights=tis)
+        out["loss"].backward()
+        optimizer_step(agent, optimizer, max_grad_norm=1.0)
+        if step:  # the first step warms up (and, with K = 1, has nothing sampled ahead)
+            times.append(time.perf_counter() - start)
+            waits.append(waited)
+            updates.append(time.perf_counter() - t0)
+    pipeline.close()
+    return {"times": times, "waits": waits, "updates": updates}
+
+
+def worker(args) -> None:
+    torch.set_num_threads(args.threads)
+    result = steps(args)
+    result["median_s"] = statistics.median(result["times"])
+    print("RESULT " + json.dumps(result))
+
+
+def measure(args, k: int, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--worker", "--k", str(k), "--threads", str(threads), "--seed", str(args.seed),
+           "--group", str(args.group), "--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens),
+           "--steps", str(args.steps)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode or not lines:
+        raise SystemExit(f"K={k} worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def trl_step(args) -> float | None:
+    """TRL's synchronous step (median s) from tools/bench_step.py, when a Python with TRL is given."""
+    if not args.trl_python:
+        return None
+    cmd = [args.trl_python, str(Path(__file__).with_name("bench_step.py")), "--worker", "trl", "--threads",
+           str(args.threads), "--group", str(args.group), "--prompts", str(args.prompts), "--new-tokens",
+           str(args.new_tokens), "--steps", str(args.steps), "--seed", str(args.seed)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode or not lines:
+        raise SystemExit(f"TRL worker failed:\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])["median_s"]
+
+
+def compare(args) -> None:
+    ratios, to_trl = [], []
+    k0_threads = args.k0_threads or args.threads
+    for pair in range(args.pairs):
+        order = (0, 1) if pair % 2 == 0 else (1, 0)
+        got = {k: measure(args, k, k0_threads if k == 0 else args.threads) for k in order}
+        trl = trl_step(args)
+        a, b = got[0], got[1]
+        ratio = b["median_s"] / a["median_s"]
+        ratios.append(ratio)
+        line = (f"pair {pair}: K=0 {a['median_s']:.2f} s (update {statistics.median(a['updates']):.2f}) | "
+                f"K=1 {b['median_s']:.2f} s (wait for rollout {statistics.median(b['waits']):.2f}, update "
+                f"{statistics.median(b['updates']):.2f}) | K=1 / K=0 {ratio:.2f}")
+        if trl is not None:
+            to_trl.append(b["median_s"] / trl)
+            line += f" | TRL {trl:.2f} s, K=1 / TRL {to_trl[-1]:.2f}"
+        print(line, flush=True)
+    print(f"step time K=1 / K=0 over {len(ratios)} pairs: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}"
+          f" (threads: K=0 {k0_threads}, K=1 {args.threads})")
+    if to_trl:
+        print(f"step time K=1 / TRL: min {min(to_trl):.2f}, median {statistics.median(to_trl):.2f}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--k", type=int, default=0)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per process (after one warm-up)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--k0-threads", type=int, default=None, help="intra-op threads of the K=0 baseline")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trl-python", default=None, help="a Python with trl==1.16.0 (extra `bench`)")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args)
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    main()
