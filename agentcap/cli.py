@@ -24,6 +24,7 @@ from agentcap.agents.agent import MissingWeightsError
 from agentcap.commands.menu import COMMANDS, did_you_mean, refuse_unknown
 from agentcap.core.manifests import ManifestError
 from agentcap.core.settings import ConfigError
+from agentcap.parallel.loading import load_by_shard
 from agentcap.parallel.signals import StopOnSignal, stop_on_signals
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint, usable_checkpoint
 from agentcap.resume.configs import config_paths, read_config
@@ -95,6 +96,8 @@ class AgentcapCLI(LightningCLI):
         # Lightning's "fsdp" is FSDP1 over the whole module; ours is FSDP2 per agent.
         if trainer.get("strategy") in ("ddp", "ddp_spawn", "fsdp"):
             trainer["strategy"] = "grpo_" + trainer["strategy"]
+        # sharded agents are built on the meta device and load shard by shard (agentcap.parallel.loading)
+        load_by_shard(trainer.get("strategy") == "grpo_fsdp" or "GRPOFSDPStrategy" in str(trainer.get("strategy")))
         child_run_names(trainer.get("logger"), self.subcommand)
         _loggers_into_run_dir(trainer, self.run_config["model"]["run_dir"])
         if _has_model_checkpoint(trainer.get("callbacks")):

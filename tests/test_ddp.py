@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentcap.resume.checkpoints import read_checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -23,8 +25,7 @@ def fit(config: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
-    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    return state["state_dict"]
+    return read_checkpoint(str(run / "checkpoints" / "last.ckpt"))["state_dict"]  # a file, or grpo_fsdp's folder
 
 
 @pytest.mark.slow  # `agentcap fit` in subprocesses, 2 DDP ranks

@@ -153,13 +153,24 @@ class Adapters:
                 state_dict[key] = value.detach()  # the live base (or another role's adapter) loads as itself
 
 
-def fingerprint(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Σ|w| and Σw² over the base (float64): cheap, and any other base gives other numbers."""
+def fingerprint(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """Σ|w| and Σw² over the base (float64): cheap, and any other base gives other numbers.
+    Over FSDP2 shards each process sums its own rows, then one all-reduce (a collective); None for a
+    base still on the meta device (``agentcap.parallel.loading``: fingerprinted once loaded)."""
+    if any(t.is_meta for t in tensors):
+        return None
     total = torch.zeros(2, dtype=torch.float64)
+    sharded = False
     with torch.no_grad():
         for t in tensors:
+            if hasattr(t, "to_local"):  # a DTensor shard: rows no other process holds
+                t, sharded = t.to_local(), True
             t = t.detach().double()
             total += torch.stack([t.abs().sum(), (t * t).sum()]).cpu()
+    if sharded:
+        import torch.distributed as dist
+
+        dist.all_reduce(total)
     return total
 
 

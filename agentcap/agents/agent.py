@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 
-from agentcap.agents.adapters import Adapters, LoraSpec, attach_adapter
+from agentcap.agents.adapters import Adapters, LoraSpec, attach_adapter, fingerprint
 from agentcap.agents.backends.base import VLLMOptions
 from agentcap.agents.backends.build import build_backend
 from agentcap.agents.checkpointing import enable_gradient_checkpointing
@@ -32,6 +32,7 @@ from agentcap.agents.tokenizer import build_word_tokenizer, saved_word_tokenizer
 from agentcap.agents.tokens import pad_right, trim_after_eos  # noqa: F401  (trim_after_eos: re-exported)
 from agentcap.agents.toy import ToyConfig, ToyMediaLM
 from agentcap.core.settings import ConfigError, check
+from agentcap.parallel import loading
 
 
 @dataclass
@@ -109,6 +110,7 @@ class AgentConfig:
         check(f"{key}.vllm.tensor_parallel_size", self.vllm.tensor_parallel_size, "≥ 1")
         check(f"{key}.vllm.max_model_len", self.vllm.max_model_len, "≥ 1")
         check(f"{key}.vllm.seed", self.vllm.seed, "≥ 0")
+        check(f"{key}.vllm.sync_tolerance", self.vllm.sync_tolerance, "> 0")
         if self.peft is not None:
             check(f"{key}.peft.r", self.peft.r, "≥ 1")
             check(f"{key}.peft.alpha", self.peft.alpha, "> 0")
@@ -304,6 +306,9 @@ def build_agent(
     ``extra_texts`` join ``build_tokenizer_from`` when a word-level tokenizer is built (the module
     passes the environment's prompts and demonstrations, so every prompt word has an id);
     ``vocabulary`` is where that word list is saved and, once saved, reused instead.
+
+    Under ``grpo_fsdp`` (:func:`agentcap.parallel.loading.load_by_shard`) the model is built on the
+    meta device wherever its weights will come later, shard by shard (:mod:`agentcap.parallel.loading`).
     """
     config.check(name)
     dtype = getattr(torch, config.dtype)
@@ -312,6 +317,7 @@ def build_agent(
     if len(sources) != 1:
         raise ValueError(f"agents.{name}: give exactly one of model / toy / tiny (got {len(sources)})")
     tokenizer = _load_tokenizer(name, config, extra_texts, vocabulary)
+    folder = None  # a model folder whose weights load by shard under grpo_fsdp
     if config.toy is not None:
         toy = dict(config.toy)
         toy.update(
@@ -320,15 +326,18 @@ def build_agent(
             eos_token_id=tokenizer.eos_token_id,
             bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
         )
-        model, family = ToyMediaLM(ToyConfig(**toy)), "toy"
+        with _on_meta_if(loading.builds_on_meta(None)):
+            model, family = ToyMediaLM(ToyConfig(**toy)), "toy"
     elif config.tiny is not None and "kind" in config.tiny:
         # a preset of agentcap.agents.tiny: a real architecture class with its real processor
         spec = dict(config.tiny)
-        parts = build_tiny(spec.pop("kind"), tokenizer=tokenizer, texts=extra_texts, **spec)
+        with _on_meta_if(loading.builds_on_meta(None)):
+            parts = build_tiny(spec.pop("kind"), tokenizer=tokenizer, texts=extra_texts, **spec)
         model, tokenizer, processor = parts.model, parts.tokenizer, parts.processor
         family = parts.family if config.family == "auto" else config.family
     elif config.tiny is not None:
-        model, family = _tiny_model(config.tiny), config.family
+        with _on_meta_if(loading.builds_on_meta(None)):
+            model, family = _tiny_model(config.tiny), config.family
         family = _guess_family(model.config) if family == "auto" else family
     else:
         path = resolve_model(config.model, f"agents.{name}.model")  # a Hub id: its cached snapshot
@@ -341,7 +350,8 @@ def build_agent(
         if os.path.isfile(os.path.join(path, "toy_config.json")):
             model, family = ToyMediaLM.from_pretrained(path), "toy"
         else:
-            model = _load_hf_model(path, config, dtype)
+            folder = path if config.gguf_file is None else None
+            model = _load_hf_model(path, config, dtype, on_meta=folder is not None and loading.builds_on_meta(folder))
             family = _guess_family(model.config) if config.family == "auto" else config.family
             if family in ("vision", "audio"):
                 from transformers import AutoProcessor
@@ -352,10 +362,16 @@ def build_agent(
                 )
                 tokenizer = processor.tokenizer
     model = model.to(dtype)
+    if loading.loads_by_shard() and (folder is not None or config.model is None):
+        full = None if folder is None else lambda: _load_hf_model(folder, config, dtype).to(dtype)
+        loading.defer(model, loading.Pending(folder, full))
     if tokenizer is None:
         raise ValueError(f"agents.{name}: no tokenizer (set tokenizer, model or build_tokenizer_from)")
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model, name)
+    with loading.keeping_values(model):  # an adapter attached on meta keeps its init values
+        adapters = None if config.peft is None else attach_adapter(model, name, config.peft)
+    _fingerprint_once_loaded(model, adapters)
     agent = Agent(
         name,
         model,
@@ -366,7 +382,7 @@ def build_agent(
         temperature=config.temperature,
         top_p=config.top_p,
         lr=config.lr,
-        adapters=None if config.peft is None else attach_adapter(model, name, config.peft),
+        adapters=adapters,
         share_prompts=config.share_prompts,
     )
     if config.backend != "hf":
@@ -406,6 +422,9 @@ def _share_base(name: str, config: AgentConfig, configs: dict[str, AgentConfig],
         raise ValueError(f"{where}: {name!r} names another model than {owner!r}; give none, or the same one")
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(base.model, name)
+    with loading.keeping_values(base.model):  # an adapter attached on meta keeps its init values
+        adapters = attach_adapter(base.model, name, config.peft, share=base.adapters)
+    _fingerprint_once_loaded(base.model, adapters)
     agent = Agent(
         name,
         base.model,
@@ -416,7 +435,7 @@ def _share_base(name: str, config: AgentConfig, configs: dict[str, AgentConfig],
         temperature=config.temperature,
         top_p=config.top_p,
         lr=config.lr,
-        adapters=attach_adapter(base.model, name, config.peft, share=base.adapters),
+        adapters=adapters,
         share_prompts=config.share_prompts,
     )
     agent.family = copy.copy(base.family)  # keeps family settings (frames_as…) of the same model
@@ -452,7 +471,9 @@ def _load_tokenizer(name: str, config: AgentConfig, extra_texts: Sequence[str] =
     return tok
 
 
-def _load_hf_model(path: str, config: AgentConfig, dtype):
+def _load_hf_model(path: str, config: AgentConfig, dtype, on_meta: bool = False):
+    """The folder's model; ``on_meta``: its architecture only, parameters on the meta device, to be
+    filled shard by shard after sharding (``agentcap.parallel.loading``)."""
     import transformers
 
     kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": config.trust_remote_code}
@@ -460,13 +481,37 @@ def _load_hf_model(path: str, config: AgentConfig, dtype):
         kwargs["gguf_file"] = config.gguf_file
     hf_config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=config.trust_remote_code)
     if hf_config.model_type == "qwen2_5_omni":  # the thinker writes the text; talker and vocoder stay on disk
-        thinker = transformers.Qwen2_5OmniThinkerForConditionalGeneration
-        return thinker.from_pretrained(path, config=hf_config.thinker_config, **kwargs)
-    for auto in ("AutoModelForImageTextToText", "AutoModelForMultimodalLM", "AutoModelForCausalLM"):
-        cls = getattr(transformers, auto)
-        if type(hf_config) in cls._model_mapping:
-            return cls.from_pretrained(path, **kwargs)
-    raise ValueError(f"{path}: model type {hf_config.model_type!r} has no generative head agentcap can load")
+        cls = transformers.Qwen2_5OmniThinkerForConditionalGeneration
+        hf_config, kwargs["config"] = hf_config.thinker_config, hf_config.thinker_config
+    else:
+        found = [getattr(transformers, auto) for auto in ("AutoModelForImageTextToText", "AutoModelForMultimodalLM",
+                                                          "AutoModelForCausalLM")]
+        found = [auto for auto in found if type(hf_config) in auto._model_mapping]
+        if not found:
+            raise ValueError(f"{path}: model type {hf_config.model_type!r} has no generative head agentcap can load")
+        cls = found[0]
+    if not on_meta:
+        return cls.from_pretrained(path, **kwargs)
+    with loading.parameters_on_meta():
+        model = cls.from_config(hf_config, dtype=dtype, trust_remote_code=config.trust_remote_code) \
+            if hasattr(cls, "_model_mapping") else cls._from_config(hf_config, dtype=dtype)
+    if os.path.isfile(os.path.join(path, "generation_config.json")):  # what from_pretrained also reads
+        model.generation_config = transformers.GenerationConfig.from_pretrained(path)
+    return model.eval()
+
+
+def _fingerprint_once_loaded(model: nn.Module, adapters: Adapters | None) -> None:
+    """A base that loads by shard is fingerprinted once its weights are in, from its shards, on
+    every process alike (rank 0's init-time value could differ in the last bits)."""
+    record = loading.pending(model)
+    if adapters is not None and record is not None:
+        record.after.append(lambda: setattr(adapters, "base_fingerprint", fingerprint(adapters.base_parameters())))
+
+
+@contextlib.contextmanager
+def _on_meta_if(meta: bool):
+    with loading.parameters_on_meta() if meta else contextlib.nullcontext():
+        yield
 
 
 def _tiny_model(spec: dict[str, Any]):

@@ -217,7 +217,7 @@ def benchmark_command(args: argparse.Namespace) -> int:
     with open(config, encoding="utf-8") as handle:
         run_dir = ((yaml.safe_load(handle) or {}).get("model") or {}).get("run_dir") or args.run or "."
     checkpoint = args.checkpoint or TickCheckpoint.path(run_dir)
-    if args.checkpoint and not os.path.isfile(args.checkpoint):
+    if args.checkpoint and not os.path.exists(args.checkpoint):  # a file, or a folder of shards
         raise SystemExit(f"agentcap evaluate: --checkpoint {args.checkpoint!r} not found")
     name = os.path.splitext(os.path.basename(args.benchmark))[0]
     out_dir = args.out or os.path.join(run_dir, "benchmarks", name)

@@ -8,6 +8,9 @@ which ``transformers`` loads through its peft integration. Each folder also gets
 tokenizer or processor, so ``AutoModelForCausalLM.from_pretrained(folder)`` and
 ``AutoTokenizer.from_pretrained(folder)`` are all a user needs.
 
+A sharded checkpoint (a folder of per-rank shards, written under ``grpo_fsdp``) is consolidated
+here in one process, without a process group.
+
 Merging works on a copy of the peft model, so roles sharing one base each get exactly their own
 adapter merged (the copy costs one more model in host memory while it is written).
 """
@@ -77,24 +80,24 @@ def export_command(argv: list[str]) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="the training config (agents + schedule)")
     parser.add_argument("--out", required=True, help="output folder; one sub-folder per agent")
-    parser.add_argument("--checkpoint", help="weights; default <run_dir>/checkpoints/last.ckpt")
+    parser.add_argument("--checkpoint", help="weights: a .ckpt file or a sharded checkpoint folder; "
+                                             "default <run_dir>/checkpoints/last.ckpt")
     parser.add_argument("--merge", action=argparse.BooleanOptionalAction, default=True,
                         help="merge LoRA adapters into their base (default) or keep them separate")
     parser.add_argument("--agents", nargs="+", help="roles to export (default: every role the schedule trains)")
     args = parser.parse_args(argv)
     check_output("agentcap export", "--out", args.out, {"--config": args.config, "--checkpoint": args.checkpoint},
                  folder=True)
-    import torch
-
-    from agentcap.resume.checkpoints import TickCheckpoint, usable_checkpoint
+    from agentcap.resume.checkpoints import TickCheckpoint, read_checkpoint, usable_checkpoint
     from agentcap.resume.loading import load_module
 
     module = load_module(args.config, None, "agentcap export")
     checkpoint = args.checkpoint or TickCheckpoint.path(module.run_dir)
-    if "://" not in checkpoint and not os.path.isfile(checkpoint):
+    if "://" not in checkpoint and not os.path.exists(checkpoint):
         raise SystemExit(f"agentcap export: no checkpoint at {checkpoint} (train first: agentcap fit --config {args.config})")
     path = usable_checkpoint(checkpoint, module.run_dir, "--checkpoint", "agentcap export")  # URL, code refused
-    module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True)["state_dict"])
+    # a sharded checkpoint (a folder of shards, grpo_fsdp) is consolidated here, in this one process
+    module.load_state_dict(read_checkpoint(path)["state_dict"])
     roles = args.agents or trained_roles(module)
     unknown = sorted(set(roles) - set(module.agents))
     if unknown:

@@ -312,8 +312,8 @@ def captioner_identity(config: str, checkpoint: str | None) -> str:
     with open(config, "rb") as handle:
         text = hashlib.sha256(handle.read()).hexdigest()
     weights = "untrained"
-    if checkpoint and os.path.isfile(checkpoint):
-        stat = os.stat(checkpoint)
+    if checkpoint and os.path.exists(checkpoint):  # a sharded checkpoint folder: its meta.pt, written last
+        stat = os.stat(os.path.join(checkpoint, "meta.pt") if os.path.isdir(checkpoint) else checkpoint)
         weights = f"{os.path.abspath(checkpoint)}:{stat.st_size}:{stat.st_mtime_ns}"
     return f"{text}|{weights}"
 

@@ -7,9 +7,9 @@ one copy serves them all: :func:`load_once` builds a judge the first time its ke
 
 Under ``grpo_fsdp`` the module calls :func:`shard_judges` while it shards its agents. From then on
 every local LLM judge's model (:func:`causal_lm`) is sharded with FSDP2 over the same processes,
-whether it was loaded before or loads later; a later one is loaded on the CPU first so that no GPU
-holds a whole copy. Rule and served judges have no model here, and the small coherence scorer stays
-replicated.
+whether it was loaded before or loads later; a later one is built on the meta device and reads
+only its own shards from its folder (:mod:`agentcap.parallel.loading`), so no process holds a whole
+copy. Rule and served judges have no model here, and the small coherence scorer stays replicated.
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from agentcap.judges.examiner import load_causal_lm
+from agentcap.parallel import loading
 from agentcap.parallel.distributed import world
 from agentcap.parallel.sharding import is_sharded, shard_judge
 
@@ -43,9 +46,10 @@ def load_once(key: str, build: Callable[[str], Any], device: str, model_of: Call
     """What ``build(device)`` returns, built on first use of ``key``.
 
     ``model_of`` names the ``nn.Module`` inside a value that may be sharded (an LLM judge's model);
-    under sharding such a value is built on the CPU, then sharded and moved to ``device``."""
+    under sharding such a value is built with ``build("meta")`` (its parameters on the meta device,
+    its weights recorded with ``loading.defer``), then sharded, filled and moved to ``device``."""
     if key not in _LOADED:
-        value = build("cpu" if _MESH is not None and model_of is not None else device)
+        value = build("meta" if _MESH is not None and model_of is not None else device)
         _LOADED[key] = value
         if model_of is not None:
             _MODELS.append(model_of(value))
@@ -58,8 +62,25 @@ def causal_lm(path: str, device: str):
     """(model, tokenizer) of a local judge folder, loaded once per process and device: the cloze
     examiner, its other readout and the temporal examiner share one copy when they name one folder.
     A frozen judge keeps its checkpoint's dtype (bf16 for the papers' 27B judges)."""
-    build = lambda where: load_causal_lm(path, device=where, dtype="auto")  # noqa: E731
+    def build(where: str):
+        return meta_causal_lm(path) if where == "meta" else load_causal_lm(path, device=where, dtype="auto")
+
     return load_once(judge_key("causal_lm", path, device=device), build, device, model_of=lambda loaded: loaded[0])
+
+
+def meta_causal_lm(path: str):
+    """(model, tokenizer) of a judge folder with the model's parameters on the meta device, in the
+    checkpoint's dtype, to be sharded and filled from the folder's safetensors files."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(path)
+    with loading.parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(config, "dtype", None) or torch.float32)
+    if os.path.isfile(os.path.join(path, "generation_config.json")):
+        model.generation_config = GenerationConfig.from_pretrained(path)
+    full = lambda: load_causal_lm(path, dtype="auto")[0]  # noqa: E731  (a folder the shard reader cannot map)
+    loading.defer(model, loading.Pending(str(path), full))
+    return model.eval(), AutoTokenizer.from_pretrained(path)
 
 
 def shard_judges(mesh: Any) -> None:

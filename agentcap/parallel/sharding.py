@@ -14,8 +14,9 @@ handled:
    :class:`Lockstep` makes the rollout driver call each agent the same number of times per turn
    (a process with nothing to do generates for a stand-in observation and discards it); an empty
    optimiser minibatch backpropagates a stand-in row with zero weight.
-3. Optimiser state is gathered into a full, unsharded state dict for the checkpoint and scattered
-   again on resume, so a checkpoint is one file whatever the number of processes.
+3. Checkpoints are sharded (:mod:`agentcap.resume.sharded`): each process writes its own shards of the
+   weights, the optimiser state and a KL reference through torch.distributed.checkpoint, which reshards
+   them on resume onto any number of processes. A full checkpoint file (gathered, ``full=True``) still loads.
 
 4. Local LLM judges (examiners) are sharded the same way (:func:`shard_judge`, through
    :mod:`agentcap.judges.pool`), and every process must run their passes in step too:
@@ -33,7 +34,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from agentcap.parallel import loading
 from agentcap.parallel.distributed import world
+from agentcap.resume.sharded import Shards
 
 
 def is_sharded(module: nn.Module) -> bool:
@@ -63,7 +66,8 @@ def mixed_precision(precision: Any):
 
 def shard_agents(agents: Mapping[str, nn.Module], mesh, mirrored: Iterable[str] = (),
                  mp_policy=None) -> dict[str, nn.Module]:
-    """``fully_shard`` every agent's blocks, then its model; the weights are rank 0's.
+    """``fully_shard`` every agent's blocks, then its model; the weights are rank 0's, or for an
+    agent built on meta (:mod:`agentcap.parallel.loading`) read shard by shard or scattered from rank 0.
     ``mp_policy``: :func:`mixed_precision`'s (None: compute in the parameters' dtype).
 
     Agents named in ``mirrored`` (full fine-tunes with a KL reference) also get a frozen copy,
@@ -78,12 +82,12 @@ def shard_agents(agents: Mapping[str, nn.Module], mesh, mirrored: Iterable[str] 
         model = agent.model
         if is_sharded(model):
             continue  # configure_model runs again for validate / test after fit
-        if world()[1] > 1:
+        if loading.pending(model) is None and world()[1] > 1:
             for tensor in list(model.parameters()) + list(model.buffers()):
                 dist.broadcast(tensor.data, src=0)  # one init for all: a shard is a slice of rank 0's tensor
         if name in mirrored:
-            mirrors[name] = _shard(copy.deepcopy(model).eval().requires_grad_(False), mesh, mp_policy)
-        _shard(model, mesh, mp_policy)
+            mirrors[name] = shard_and_load(copy.deepcopy(model).eval().requires_grad_(False), mesh, mp_policy)
+        shard_and_load(model, mesh, mp_policy)
         if not isinstance(model, PreTrainedModel) and hasattr(model, "generate"):
             register_fsdp_forward_method(model, "generate")  # e.g. the toy LM's own generate
     return mirrors
@@ -107,34 +111,52 @@ def _shard(model: nn.Module, mesh, mp_policy=None) -> nn.Module:
     return model
 
 
+def shard_and_load(model: nn.Module, mesh, mp_policy=None) -> nn.Module:
+    """:func:`_shard` ``model``; one built on meta is then materialised and its shards filled
+    (:func:`agentcap.parallel.loading.materialise`: from its folder, or scattered from rank 0)."""
+    record = loading.pending(model)
+    # the scattered case: rank 0's whole init, taken before sharding replaces its parameters
+    full = model.state_dict() if record is not None and record.folder is None and world()[0] == 0 else None
+    _shard(model, mesh, mp_policy)
+    if record is not None:
+        loading.materialise(model, mesh, record, full)
+        del model._agentcap_pending
+    return model
+
+
 def shard_judge(model: nn.Module, mesh, device: str | None = None) -> nn.Module:
     """``fully_shard`` a frozen judge's blocks and model, then move its shards to ``device``.
 
-    Every process loaded the same weights from the same folder, so nothing is broadcast."""
+    Every process loaded the same weights from the same folder (nothing is broadcast), or built the
+    judge on meta and reads only its own shards (:mod:`agentcap.parallel.loading`)."""
     model.eval().requires_grad_(False)
-    _shard(model, mesh)
+    shard_and_load(model, mesh)
     if device is not None:
         model.to(device)
     return model
 
 
-def model_state(model: nn.Module) -> dict[str, Any]:
-    """``model``'s weights for a checkpoint: full tensors on the CPU when sharded (a collective)."""
+def model_state(model: nn.Module, full: bool = True) -> dict[str, Any]:
+    """``model``'s weights for a checkpoint. Sharded: full tensors on the CPU (a collective), or with
+    ``full=False`` each process's own shards (DTensors), for a sharded checkpoint (``resume.sharded``)."""
     if not is_sharded(model):
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=full, cpu_offload=True))
 
 
-def load_model_state(model: nn.Module, state: dict[str, Any]) -> None:
-    """Inverse of :func:`model_state`: every process reads the full weights and keeps its shard."""
-    if not is_sharded(model):
+def load_model_state(model: nn.Module, state: dict[str, Any] | Shards) -> None:
+    """Inverse of :func:`model_state`: every process reads the full weights and keeps its shard, or
+    reads only its own shards from a sharded checkpoint (:class:`Shards`, resharded by DCP)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    if isinstance(state, Shards):
+        set_model_state_dict(model, state.read(get_model_state_dict(model)))
+    elif not is_sharded(model):
         model.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
 
 
 def needs_gradient_all_reduce(agent: nn.Module) -> bool:
@@ -152,23 +174,37 @@ def full_norm(norm: torch.Tensor) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
-def optimizer_state(agent: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimiser's state for the checkpoint: gathered into full tensors when the agent is sharded."""
+def optimizer_state(agent: nn.Module, optimizer: torch.optim.Optimizer, full: bool = True) -> dict[str, Any]:
+    """The optimiser's state for the checkpoint. Sharded: gathered into full tensors, or with
+    ``full=False`` each process's own shards, for a sharded checkpoint."""
     if not is_sharded(agent.model):
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = StateDictOptions(full_state_dict=full, cpu_offload=True)
     return get_optimizer_state_dict(agent.model, optimizer, options=options)
 
 
-def load_optimizer_state(agent: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Inverse of :func:`optimizer_state`: every process reads the full state and keeps its shard."""
-    if not is_sharded(agent.model):
+def load_optimizer_state(agent: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any] | Shards) -> None:
+    """Inverse of :func:`optimizer_state`: every process reads the full state and keeps its shard, or
+    reads only its own shards from a sharded checkpoint (:class:`Shards`)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if isinstance(state, Shards):
+        # the template is a fresh optimiser's state, materialised by a zero-lr step of zero gradients
+        template = get_optimizer_state_dict(agent.model, optimizer)
+        set_optimizer_state_dict(agent.model, optimizer, state.read(template))
+    elif not is_sharded(agent.model) and not _by_name(state):
         optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(agent.model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    else:  # full tensors by parameter name (written sharded), kept whole or sharded here
+        set_optimizer_state_dict(agent.model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
+def _by_name(state: dict[str, Any]) -> bool:
+    """Whether an optimiser state names its parameters (torch.distributed.checkpoint's form, what a
+    sharded agent saves) rather than numbering them (``Optimizer.state_dict``)."""
+    return any(isinstance(p, str) for group in state.get("param_groups", []) for p in group.get("params", []))

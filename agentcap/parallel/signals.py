@@ -152,6 +152,6 @@ class StopOnSignal(L.Callback):
         if saver is None or not hasattr(pl_module, "tick"):
             return None
         path = saver.tick_path(pl_module.run_dir, pl_module.tick)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):  # a file, or a folder of shards (grpo_fsdp)
             saver.save(trainer, pl_module)
         return path

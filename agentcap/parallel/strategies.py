@@ -10,10 +10,14 @@ ranks itself after normalising its loss by the global token count.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
+
+from agentcap.resume import sharded
 
 
 class GRPODDPStrategy(DDPStrategy):
@@ -39,16 +43,23 @@ StrategyRegistry.register(
 class GRPOFSDPStrategy(ModelParallelStrategy):
     """FSDP2 through Lightning: ``GRPOModule.configure_model`` shards every agent on its own.
 
-    Pure data parallel over every process of every node (no tensor parallelism), and checkpoints as
-    one full file (``save_distributed_checkpoint=False``) so that ``fit`` resumes from
-    ``last.ckpt`` whatever the number of processes. ``--trainer.num_nodes`` scales it out under
-    torchrun or SLURM.
+    Pure data parallel over every process of every node (no tensor parallelism). A checkpoint is a
+    folder each process writes its own shards into (:mod:`agentcap.resume.sharded`): weights, the
+    stage's optimiser and a sharded KL reference, never gathered into one process; DCP reshards them
+    when a run resumes on another number of processes. ``save_distributed_checkpoint=False`` gathers
+    them into one full file on rank 0 instead. A full file loads either way. ``--trainer.num_nodes``
+    scales it out under torchrun or SLURM.
     """
 
     strategy_name = "grpo_fsdp"
 
-    def __init__(self, save_distributed_checkpoint: bool = False, **kwargs):
+    def __init__(self, save_distributed_checkpoint: bool = True, **kwargs):
         super().__init__(save_distributed_checkpoint=save_distributed_checkpoint, **kwargs)
+
+    @property
+    def sharded_checkpoints(self) -> bool:
+        """Whether checkpoints are folders of shards (read by ``resume.hooks`` to keep its state sharded)."""
+        return self._save_distributed_checkpoint
 
     def setup_environment(self) -> None:
         if self._data_parallel_size == "auto":
@@ -62,11 +73,25 @@ class GRPOFSDPStrategy(ModelParallelStrategy):
         # for Lightning's copy would be a wasted collective
         return {}
 
+    def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(str(filepath)))
+        if self.global_rank == 0 and path.is_dir() and not path.is_symlink():  # a killed save's leftovers
+            shutil.rmtree(path)
+        elif self.global_rank == 0 and os.path.lexists(path):
+            path.unlink()
+        self.barrier("agentcap-sharded-save")
+        sharded.save(checkpoint, path, self.global_rank == 0)
+
     def load_checkpoint(self, checkpoint_path, weights_only=None):
         from lightning.fabric.strategies.model_parallel import _load_checkpoint
 
-        path = Path(self.broadcast(checkpoint_path))  # the weights; the module restores its optimiser itself
+        path = Path(self.broadcast(str(checkpoint_path)))
         strict = self.lightning_module.strict_loading
+        if path.is_dir():  # the module restores its optimiser and reference from the folder itself
+            return sharded.load(path, self.model, strict=strict)
+        # a full file: the weights; the module restores its optimiser itself
         return _load_checkpoint(path=path, state={"state_dict": self.model}, strict=strict, weights_only=weights_only)
 
 

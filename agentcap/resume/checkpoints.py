@@ -1,7 +1,9 @@
 """Checkpoints by schedule tick: written atomically, rotated, and found again after a kill.
 
 The module steps its own optimisers, so the tick (not Lightning's ``global_step``) decides when to
-save; a truncated or corrupt file is reported by path and the previous checkpoint is used. A checkpoint
+save; a truncated or corrupt file is reported by path and the previous checkpoint is used. Under
+``grpo_fsdp`` a checkpoint is a folder of shards (:mod:`agentcap.resume.sharded`), written, rotated
+and checked the same way; a missing or truncated shard counts as corrupt. A checkpoint
 the user gives (a path or an http(s) URL) loads tensors only: one that would run code is refused.
 """
 
@@ -17,6 +19,10 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from agentcap.resume import sharded
 
 
 class TickCheckpoint(L.Callback):
@@ -24,8 +30,9 @@ class TickCheckpoint(L.Callback):
     boundary, keeps the newest ``keep``, and points ``last.ckpt`` at the newest.
 
     The module's manual optimisation never advances Lightning's ``global_step``, so the schedule
-    tick decides. Each file is written under a temporary name and renamed, so a kill at any moment
-    leaves usable ones; ``last.ckpt`` is a hard link (a copy where links are not supported).
+    tick decides. Each file (or folder of shards) is written under a temporary name and renamed, so a
+    kill at any moment leaves usable ones; ``last.ckpt`` is a hard link to a file, a symlink to a
+    folder (a copy where links are not supported).
     """
 
     def __init__(self, every: int = 10, keep: int = 3):
@@ -42,6 +49,13 @@ class TickCheckpoint(L.Callback):
     def tick_path(run_dir: str, tick: int) -> str:
         return os.path.join(run_dir, "checkpoints", f"tick-{tick:06d}.ckpt")
 
+    def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
+        """A run that is not sharded (one process, ``grpo_ddp``) reads a sharded checkpoint folder too,
+        consolidated in each process (:class:`FolderReader`); ``grpo_fsdp`` reads its own shards."""
+        strategy = trainer.strategy
+        if not isinstance(strategy, ModelParallelStrategy) and type(strategy.checkpoint_io) is TorchCheckpointIO:
+            strategy.checkpoint_io = FolderReader()
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int):
         tick = pl_module.tick
         index, step = pl_module.schedule.locate(tick - 1)
@@ -56,20 +70,59 @@ class TickCheckpoint(L.Callback):
         tmp = path + ".tmp"
         trainer.save_checkpoint(tmp, weights_only=False)  # full state: optimiser, loops, tick
         if trainer.is_global_zero:
-            os.replace(tmp, path)
-            last = self.path(pl_module.run_dir)
-            try:
-                os.link(path, last + ".tmp")
-            except OSError:
-                shutil.copyfile(path, last + ".tmp")
-            os.replace(last + ".tmp", last)
+            _replace(tmp, path)
+            _point_last(path, self.path(pl_module.run_dir))
             for old in checkpoints(pl_module.run_dir)[self.keep :]:
-                os.remove(old)
+                _remove(old)
         trainer.strategy.barrier("agentcap-checkpoint")
 
 
+class FolderReader(TorchCheckpointIO):
+    """Lightning's checkpoint IO, which also reads a sharded checkpoint folder (:func:`read_checkpoint`)."""
+
+    def load_checkpoint(self, path, *args, **kwargs) -> dict[str, Any]:
+        if os.path.isdir(path):
+            return read_checkpoint(str(path))
+        return super().load_checkpoint(path, *args, **kwargs)
+
+
+def _replace(tmp: str, path: str) -> None:
+    """``os.replace`` for files, folders and links. A folder cannot replace anything but an empty
+    folder, nor be replaced by a file: the old one is renamed aside first (a tick saved again, e.g.
+    after resuming before a corrupt one) and removed after."""
+    folders = any(os.path.isdir(p) and not os.path.islink(p) for p in (tmp, path))
+    if folders and os.path.lexists(path):
+        _remove(path + ".old")
+        os.replace(path, path + ".old")
+        os.replace(tmp, path)
+        _remove(path + ".old")
+    else:
+        os.replace(tmp, path)
+
+
+def _point_last(path: str, last: str) -> None:
+    """``last.ckpt`` → ``path``: a hard link to a file, a relative symlink to a folder (a copy where
+    neither is supported), swapped in by one rename."""
+    _remove(last + ".tmp")
+    try:
+        if os.path.isdir(path):
+            os.symlink(os.path.basename(path), last + ".tmp", target_is_directory=True)
+        else:
+            os.link(path, last + ".tmp")
+    except OSError:
+        (shutil.copytree if os.path.isdir(path) else shutil.copyfile)(path, last + ".tmp")
+    _replace(last + ".tmp", last)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
 def checkpoints(run_dir: str) -> list[str]:
-    """The run's tick checkpoints, newest first."""
+    """The run's tick checkpoints (files or folders), newest first."""
     folder = os.path.join(run_dir, "checkpoints")
     if not os.path.isdir(folder):
         return []
@@ -86,7 +139,7 @@ def latest_checkpoint(run_dir: str, report=None) -> str | None:
     candidates = [TickCheckpoint.path(run_dir)] + checkpoints(run_dir)
     bad: list[str] = []
     for path in candidates:
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             continue
         problem = checkpoint_problem(path)
         if problem is None:
@@ -99,7 +152,10 @@ def latest_checkpoint(run_dir: str, report=None) -> str | None:
 
 
 def checkpoint_problem(path: str) -> str | None:
-    """Why ``path`` is not a loadable checkpoint, or None. Memory-mapped: tensors are not read."""
+    """Why ``path`` is not a loadable checkpoint, or None. Memory-mapped: tensors are not read.
+    A folder is a sharded checkpoint (:func:`agentcap.resume.sharded.problem`)."""
+    if os.path.isdir(path):
+        return sharded.problem(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as err:  # torch's explanation is a paragraph; the refused global is the news
@@ -111,6 +167,14 @@ def checkpoint_problem(path: str) -> str | None:
     if not isinstance(state, dict) or "state_dict" not in state:
         return "not a Lightning checkpoint (no 'state_dict')"
     return None
+
+
+def read_checkpoint(path: str) -> dict[str, Any]:
+    """A checkpoint's whole state in this process, full tensors on the CPU: a file as ``torch.load``
+    reads it (tensors only), a sharded folder consolidated (no process group needed)."""
+    if os.path.isdir(path):
+        return sharded.read_full(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 #: Lightning's own names for a checkpoint (``--ckpt_path last``), resolved by the Trainer.
@@ -135,8 +199,8 @@ def usable_checkpoint(path: str, run_dir: str, flag: str, command: str, lightnin
         raise SystemExit(f"{command}: {flag} {path}: only local files and http(s) URLs can be loaded here")
     elif scheme == "file":
         path = urllib.parse.urlsplit(path).path
-    if not os.path.isfile(path):
-        raise SystemExit(f"{command}: {flag} {path}: no such file")
+    if not os.path.exists(path):
+        raise SystemExit(f"{command}: {flag} {path}: no such file or folder")
     problem = checkpoint_problem(path)
     if problem is not None:
         raise SystemExit(f"{command}: {flag} {path}: {problem}")

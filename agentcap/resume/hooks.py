@@ -2,7 +2,9 @@
 
 The schedule tick is the progress; the active stage's optimiser and lr-schedule state, KL
 reference and replayed Instruct items come back when that stage begins again (:meth:`ResumeHooks.restored_for`). A
-checkpoint written by another schedule is refused: its ticks would mean other stages.
+checkpoint written by another schedule is refused: its ticks would mean other stages. Under sharded
+checkpoints the optimiser and reference stay sharded (``resume.sharded``) and come back as
+:class:`~agentcap.resume.sharded.Shards`, read by each process when the stage begins.
 """
 
 from __future__ import annotations
@@ -19,16 +21,20 @@ class ResumeHooks:
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         active = None if self._stage_index is None else self.schedule.stages[self._stage_index]
+        # a sharded checkpoint (grpo_fsdp) keeps each process's shards; any other gathers full tensors
+        full = not getattr(self.trainer.strategy, "sharded_checkpoints", False)
         checkpoint["agentcap"] = {
             "tick": self.tick,
             "summary": self.summary,
             "stage_index": self._stage_index,
             "stages": [stage.name for stage in self.schedule.stages],
-            "optimizer": None if self._optimizer is None else optimizer_state(self._trainable(), self._optimizer),
+            "optimizer": None if self._optimizer is None else optimizer_state(self._trainable(), self._optimizer, full),
             "scheduler": None if self._scheduler is None else self._scheduler.state_dict(),
             # a LoRA agent's reference is its own base (no state); a full fine-tune's is a copy
-            "reference": None if getattr(self._reference, "model", None) is None else model_state(self._reference.model),
+            "reference": None if getattr(self._reference, "model", None) is None
+            else model_state(self._reference.model, full),
             "replay": self.replay.state(active),
+            "rollouts": self.pipeline.state(),  # max_staleness: batches in flight, as the weights that sample them
         }
         # Lightning's copies of the stage's optimiser and schedule (the trainer holds them for its
         # callbacks, training.optim.show_to_lightning): the entry above has them, once
@@ -43,6 +49,7 @@ class ResumeHooks:
         self.schedule.check_resumable(state.get("stages"), self.run_dir)
         self.tick, self.summary = int(state["tick"]), dict(state["summary"])
         self._restored = state
+        self.pipeline.load_state(state.get("rollouts"))  # batches in flight at the checkpoint (rollout.pipeline)
         for agent in self.agents.values():  # the weights about to be loaded must reach any engine
             agent.backend.stale = True
         # progress is the tick; Lightning's own loop counters would end the resumed epoch early

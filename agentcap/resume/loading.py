@@ -1,7 +1,8 @@
 """Loading a run: the module a training config describes, with a checkpoint's weights.
 
 Used by every command that runs trained agents (``caption``, ``evaluate``, ``export``);
-checkpoints load with ``weights_only=True``: they hold tensors and plain containers only.
+checkpoints load with ``weights_only=True``: they hold tensors and plain containers only. A sharded
+checkpoint (a folder, ``grpo_fsdp``) is consolidated in this one process, no process group needed.
 """
 
 from __future__ import annotations
@@ -9,11 +10,10 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
 from jsonargparse import ArgumentParser
 from lightning import seed_everything
 
-from agentcap.resume.checkpoints import TickCheckpoint, usable_checkpoint
+from agentcap.resume.checkpoints import TickCheckpoint, read_checkpoint, usable_checkpoint
 from agentcap.resume.configs import read_config
 from agentcap.rollout.splits import EnvConfig
 from agentcap.training.module import GRPOModule
@@ -36,12 +36,11 @@ def load_module(config: str, checkpoint: str | None, command: str = "agentcap"):
     init = parser.instantiate_classes(parser.parse_object({"model": document["model"]}))
     module: GRPOModule = init.model
     if checkpoint is not None:
-        if "://" not in checkpoint and not os.path.isfile(checkpoint):
+        if "://" not in checkpoint and not os.path.exists(checkpoint):
             raise SystemExit(f"{command}: --checkpoint {checkpoint!r} not found "
                              f"(train first: agentcap fit --config {config})")
         path = usable_checkpoint(checkpoint, module.run_dir, "--checkpoint", command)
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        module.load_state_dict(state["state_dict"])
+        module.load_state_dict(read_checkpoint(path)["state_dict"])
     module.eval()
     return module
 
@@ -59,7 +58,7 @@ def trained_module(config: str, checkpoint: str | None):
     """The run's trained module (its newest checkpoint, or ``checkpoint``); untrained weights, said so, when none."""
     module = load_module(config, None, "agentcap evaluate")
     path = checkpoint or TickCheckpoint.path(module.run_dir)
-    if checkpoint or os.path.isfile(path):
+    if checkpoint or os.path.exists(path):
         return load_module(config, path, "agentcap evaluate")
     print(f"agentcap evaluate: no checkpoint at {path}; scoring untrained weights", file=sys.stderr)
     return module

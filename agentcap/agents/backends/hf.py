@@ -10,7 +10,7 @@ import torch
 from agentcap.agents.generation import Generation
 from agentcap.agents.sampling import RowSampler
 from agentcap.agents.tokens import trim_after_eos
-from agentcap.parallel.sharding import synced_generation
+from agentcap.parallel.sharding import is_sharded, synced_generation
 
 
 class HFBackend:
@@ -45,7 +45,7 @@ class HFBackend:
             kwargs.update(temperature=agent.temperature, top_p=agent.top_p, top_k=0)
         elif not greedy:
             kwargs.update(logits_processor=[RowSampler(seeds, agent.temperature, agent.top_p)])
-        if agent.share_prompts and not kwargs.get("synced_gpus"):
+        if agent.share_prompts and not is_sharded(agent.model):  # FSDP2 unshards in forward / generate only
             cache = agent.family.prompt_cache(inputs)  # the G copies of a prompt prefilled once
             if cache is not None:
                 kwargs["past_key_values"] = cache
