@@ -166,7 +166,7 @@ def test_seeds_sh_prepares_the_world_once_then_runs_jobs_seeds_at_once(seeds_rep
     assert all(c.startswith("fit acecap") and "--model.run_dir out/acecap-demo-s" in c for c in calls[1:])
     order = (seeds_repo / "order.txt").read_text().split("\n")
     assert set(order[:2]) == {"start 5", "start 7"} and order.index("start 8") > 2  # two at once, then the third
-    assert "stats tools/seed_stats.py acecap 5 7 8 --pairs S1:S4,S1:S5,S4:S5 --root out" in done.stdout
+    assert "stats tools/seed_stats.py acecap 5 7 8 --pairs S1:S4,S1:S5,S4:S5,S1_sampled:S5_sampled --root out" in done.stdout
     assert (seeds_repo / "out" / "acecap-seeds.md").exists()
 
 

@@ -22,7 +22,7 @@ class ResumeHooks:
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         active = None if self._stage_index is None else self.schedule.stages[self._stage_index]
         # a sharded checkpoint (grpo_fsdp) keeps each process's shards; any other gathers full tensors
-        full = not getattr(self.trainer.strategy, "sharded_checkpoints", False)
+        full = not getattr(getattr(self._trainer, "strategy", None), "sharded_checkpoints", False)
         checkpoint["agentcap"] = {
             "tick": self.tick,
             "summary": self.summary,
