@@ -3,8 +3,11 @@ interpreter instead of two keeps a test fast on 2 cores: the imports dominate)."
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
 import socket
+import sys
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -16,13 +19,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def join_group(rank: int, port: int, world_size: int = 2) -> None:
-    """``init_process_group`` on loopback; a collective that waits over a minute fails instead of hanging.
+@contextlib.contextmanager
+def process_group(rank: int, port: int, world_size: int = 2):
+    """A gloo group on loopback for the ``with`` block; a collective that waits over a minute fails
+    instead of hanging.
 
     The address goes in ``init_method``, not in ``MASTER_PORT``: an environment variable left in the
-    test process would send a later test's Lightning launch to this (closed or reused) port."""
+    test process would send a later test's Lightning launch to this (closed or reused) port. Ranks that
+    finished meet at a barrier before leaving, so neither tears its sockets down while the other is
+    still reading them (a one-sided teardown aborted a loaded CI run's second rank)."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=60))
+    try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 def run_in_two_processes(worker, *args, timeout: float = 120) -> None:
@@ -38,4 +50,9 @@ def run_in_two_processes(worker, *args, timeout: float = 120) -> None:
 
 
 def _rank_one(_index: int, worker, port: int, *args) -> None:
+    """Rank 1 leaves with ``os._exit`` once its worker returned: its results are on disk, and C++
+    static destructors at interpreter exit are not what a test measures."""
     worker(1, port, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

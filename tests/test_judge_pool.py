@@ -8,8 +8,7 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
-from gloo import join_group, run_in_two_processes
+from gloo import process_group, run_in_two_processes
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentcap.agents.tokenizer import build_word_tokenizer
@@ -100,17 +99,16 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
     from agentcap.parallel.sharding import is_sharded
 
-    join_group(rank, port)
-    try:
-        pool.clear()
-        judges = _judges()  # loaded before sharding begins, like a judge an earlier stage used
-        pool.shard_judges(init_device_mesh("cpu", (2,)))
-        assert all(j.sharded for j in judges) and is_sharded(judges[0].model)
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
-            json.dump(_readouts(*judges, rank), handle)
-    finally:
-        pool.clear()
-        dist.destroy_process_group()
+    with process_group(rank, port):
+        try:
+            pool.clear()
+            judges = _judges()  # loaded before sharding begins, like a judge an earlier stage used
+            pool.shard_judges(init_device_mesh("cpu", (2,)))
+            assert all(j.sharded for j in judges) and is_sharded(judges[0].model)
+            with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
+                json.dump(_readouts(*judges, rank), handle)
+        finally:
+            pool.clear()
 
 
 @pytest.mark.slow  # two gloo processes

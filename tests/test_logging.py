@@ -184,16 +184,12 @@ def _metrics_of(trajectories):
 def _two_rank_metrics(rank, port, out):
     import json
 
-    import torch.distributed as dist
-    from gloo import join_group
+    from gloo import process_group
 
-    join_group(rank, port)
-    try:
+    with process_group(rank, port):
         metrics = _metrics_of([0, 1, 4, 5] if rank == 0 else [2, 3])  # whole groups per rank, unevenly split
         with open(f"{out}.{rank}", "w") as handle:
             json.dump(metrics, handle)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow  # two gloo processes

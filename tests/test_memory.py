@@ -199,15 +199,13 @@ def _mixed_precision_worker(rank: int, port: int, out_dir: str) -> None:
     import json
     import os
 
-    import torch.distributed as dist
-    from gloo import join_group
+    from gloo import process_group
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from agentcap.parallel.sharding import _shard, mixed_precision
 
-    join_group(rank, port)
-    try:
+    with process_group(rank, port):
         torch.manual_seed(0)
         config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                              intermediate_size=64, vocab_size=50)
@@ -226,8 +224,6 @@ def _mixed_precision_worker(rank: int, port: int, out_dir: str) -> None:
             errors[name] = [str(p.dtype), str(p.grad.dtype), float((full / 2 - q.grad).norm() / q.grad.norm())]
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
             json.dump({"seen": seen, "errors": errors}, handle)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow  # two gloo processes

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-from gloo import join_group, run_in_two_processes
+from gloo import process_group, run_in_two_processes
 
 from agentcap.resume import sharded
 from agentcap.resume.checkpoints import (
@@ -65,8 +64,7 @@ def _save_both(rank: int, port: int, out: str) -> None:
     """The same state written sharded (a folder) and gathered (the old full file, rank 0)."""
     from agentcap.parallel.sharding import model_state, optimizer_state
 
-    join_group(rank, port)
-    try:
+    with process_group(rank, port):
         model, optimizer = _trained(rank)
         agent = _Agent(model)
         checkpoint = {"state_dict": model_state(model, full=False), "epoch": 0,
@@ -76,8 +74,6 @@ def _save_both(rank: int, port: int, out: str) -> None:
         full = {"state_dict": model_state(model), "optimizer": optimizer_state(agent, optimizer)}
         if rank == 0:
             torch.save(full, Path(out) / "full.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +120,7 @@ def _load_one(rank: int, port: int, out: str) -> None:
     """Rank r's shards from the folder (resharded to a fresh model and optimiser) equal the saved state."""
     from agentcap.parallel.sharding import _shard, load_model_state, load_optimizer_state, model_state, optimizer_state
 
-    join_group(rank, port)
-    try:
+    with process_group(rank, port):
         from torch.distributed.device_mesh import init_device_mesh
 
         model = _shard(_tiny_llama(), init_device_mesh("cpu", (2,)))
@@ -136,8 +131,6 @@ def _load_one(rank: int, port: int, out: str) -> None:
         full = {"state_dict": model_state(model), "optimizer": optimizer_state(_Agent(model), optimizer)}  # gathered
         if rank == 0:
             torch.save(full, Path(out) / "loaded.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow  # 2 gloo processes, twice

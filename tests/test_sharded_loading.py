@@ -13,7 +13,7 @@ import pytest
 
 import torch
 import torch.distributed as dist
-from gloo import join_group, run_in_two_processes
+from gloo import process_group, run_in_two_processes
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from agentcap.agents.agent import AgentConfig, build_agent, build_agents
@@ -67,60 +67,59 @@ def todays_model(config: AgentConfig) -> torch.nn.Module:
 
 
 def _folder_agents(rank: int, port: int, root: str) -> None:
-    join_group(rank, port)
-    loading.load_by_shard()
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
+    with process_group(rank, port):
+        loading.load_by_shard()
+        try:
+            from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (2,))
-        for kind in ("llama", "qwen2"):
-            folder = str(Path(root) / kind)
-            agent = build_agent("policy", AgentConfig(model=folder))
-            assert all(p.is_meta for p in agent.model.parameters())  # nothing read yet
-            assert not any(b.is_meta for b in agent.model.buffers())  # inv_freq computed at build
-            mirrors = shard_agents({"policy": agent}, mesh, mirrored=["policy"])
-            full = todays_model(AgentConfig(model=folder))
-            check_shards(agent.model, full)
-            check_shards(mirrors["policy"], full)  # the KL reference's copy, filled alike
-            if kind == "llama":  # tied: one parameter for the embedding and the head, still
-                assert agent.model.lm_head.weight is agent.model.model.embed_tokens.weight
-        # a LoRA adapter attached on meta keeps its init: the shards equal today's path, same seed
-        lora = AgentConfig(model=str(Path(root) / "qwen2"), peft=LoraSpec(r=2))
-        torch.manual_seed(5)
-        adapted = build_agent("policy", lora)
-        shard_agents({"policy": adapted}, mesh)
-        torch.manual_seed(5)
-        check_shards(adapted.model, todays_model(lora))
-        assert any("lora_A" in name for name, _ in adapted.model.named_parameters())
-        # a folder the shard reader cannot read (no safetensors): today's load, sliced; in bf16
-        bf16 = build_agent("policy", AgentConfig(model=str(Path(root) / "bin"), dtype="bfloat16"))
-        shard_agents({"policy": bf16}, mesh)
-        full = todays_model(AgentConfig(model=str(Path(root) / "bin"), dtype="bfloat16"))
-        check_shards(bf16.model, full)
-        # an update step: the same loss and gradient shards as today's path (full load, broadcast)
-        old = todays_model(AgentConfig(model=str(Path(root) / "llama")))
-        shard_agents({"policy": SimpleNamespace(model=old)}, mesh)
-        new = build_agent("policy", AgentConfig(model=str(Path(root) / "llama")))
-        shard_agents({"policy": new}, mesh)
-        new.set_trainable(True)
-        old.requires_grad_(True)
-        ids = torch.tensor([[1, 4, 5, 6, 2], [3, 7, 8, 9, 2]])
-        losses = [torch.log_softmax(m(ids).logits, -1).gather(-1, ids[:, 1:, None]).mean() for m in (old, new.model)]
-        assert torch.equal(losses[0], losses[1])
-        for loss in losses:
-            loss.backward()
-        for (name, a), b in zip(old.named_parameters(), new.model.parameters(), strict=True):
-            assert torch.equal(a.grad.to_local(), b.grad.to_local()), name
-        # a judge loading after sharding began: on meta, then by shard, in the checkpoint's dtype
-        pool.shard_judges(mesh)
-        judge, tokenizer = pool.causal_lm(str(Path(root) / "judge"), "cpu")
-        assert is_sharded(judge) and tokenizer.pad_token_id is not None
-        check_shards(judge, AutoModelForCausalLM.from_pretrained(str(Path(root) / "judge"), dtype="auto").eval())
-        assert next(judge.parameters()).dtype == torch.bfloat16
-    finally:
-        loading.load_by_shard(False)
-        pool.clear()
-        dist.destroy_process_group()
+            mesh = init_device_mesh("cpu", (2,))
+            for kind in ("llama", "qwen2"):
+                folder = str(Path(root) / kind)
+                agent = build_agent("policy", AgentConfig(model=folder))
+                assert all(p.is_meta for p in agent.model.parameters())  # nothing read yet
+                assert not any(b.is_meta for b in agent.model.buffers())  # inv_freq computed at build
+                mirrors = shard_agents({"policy": agent}, mesh, mirrored=["policy"])
+                full = todays_model(AgentConfig(model=folder))
+                check_shards(agent.model, full)
+                check_shards(mirrors["policy"], full)  # the KL reference's copy, filled alike
+                if kind == "llama":  # tied: one parameter for the embedding and the head, still
+                    assert agent.model.lm_head.weight is agent.model.model.embed_tokens.weight
+            # a LoRA adapter attached on meta keeps its init: the shards equal today's path, same seed
+            lora = AgentConfig(model=str(Path(root) / "qwen2"), peft=LoraSpec(r=2))
+            torch.manual_seed(5)
+            adapted = build_agent("policy", lora)
+            shard_agents({"policy": adapted}, mesh)
+            torch.manual_seed(5)
+            check_shards(adapted.model, todays_model(lora))
+            assert any("lora_A" in name for name, _ in adapted.model.named_parameters())
+            # a folder the shard reader cannot read (no safetensors): today's load, sliced; in bf16
+            bf16 = build_agent("policy", AgentConfig(model=str(Path(root) / "bin"), dtype="bfloat16"))
+            shard_agents({"policy": bf16}, mesh)
+            full = todays_model(AgentConfig(model=str(Path(root) / "bin"), dtype="bfloat16"))
+            check_shards(bf16.model, full)
+            # an update step: the same loss and gradient shards as today's path (full load, broadcast)
+            old = todays_model(AgentConfig(model=str(Path(root) / "llama")))
+            shard_agents({"policy": SimpleNamespace(model=old)}, mesh)
+            new = build_agent("policy", AgentConfig(model=str(Path(root) / "llama")))
+            shard_agents({"policy": new}, mesh)
+            new.set_trainable(True)
+            old.requires_grad_(True)
+            ids = torch.tensor([[1, 4, 5, 6, 2], [3, 7, 8, 9, 2]])
+            losses = [torch.log_softmax(m(ids).logits, -1).gather(-1, ids[:, 1:, None]).mean() for m in (old, new.model)]
+            assert torch.equal(losses[0], losses[1])
+            for loss in losses:
+                loss.backward()
+            for (name, a), b in zip(old.named_parameters(), new.model.parameters(), strict=True):
+                assert torch.equal(a.grad.to_local(), b.grad.to_local()), name
+            # a judge loading after sharding began: on meta, then by shard, in the checkpoint's dtype
+            pool.shard_judges(mesh)
+            judge, tokenizer = pool.causal_lm(str(Path(root) / "judge"), "cpu")
+            assert is_sharded(judge) and tokenizer.pad_token_id is not None
+            check_shards(judge, AutoModelForCausalLM.from_pretrained(str(Path(root) / "judge"), dtype="auto").eval())
+            assert next(judge.parameters()).dtype == torch.bfloat16
+        finally:
+            loading.load_by_shard(False)
+            pool.clear()
 
 
 @pytest.mark.slow  # two processes: ~40 s on a busy 2-core machine
@@ -140,34 +139,33 @@ def test_sharded_agents_and_judges_read_only_their_rows_of_the_folder(tmp_path):
 
 
 def _scattered(rank: int, port: int, root: str) -> None:
-    join_group(rank, port)
-    loading.load_by_shard()
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
+    with process_group(rank, port):
+        loading.load_by_shard()
+        try:
+            from torch.distributed.device_mesh import init_device_mesh
 
-        torch.manual_seed(0)
-        configs = {"captioner": AgentConfig(tiny={"kind": "qwen2"}, peft=LoraSpec(r=2)),
-                   "composer": AgentConfig(share_base_with="captioner", peft=LoraSpec(r=2))}
-        agents = build_agents(configs)
-        meta = any(p.is_meta for p in agents["captioner"].model.parameters())
-        assert meta == (rank == 1)  # rank 0 builds the init every process takes its shards of
-        state = {k: v.clone() for k, v in agents["captioner"].model.state_dict().items()}
-        if rank == 0:
-            torch.save((state, agents["composer"].adapters.base_fingerprint), Path(root) / "rank0.pt")
-        shard_agents(agents, init_device_mesh("cpu", (2,)))
-        assert is_sharded(agents["composer"].model) and agents["composer"].model is agents["captioner"].model
-        dist.barrier()
-        want, base = torch.load(Path(root) / "rank0.pt")
-        for role in agents:  # the adapters' base fingerprint, taken from the shards once they are in
-            torch.testing.assert_close(agents[role].adapters.base_fingerprint, base, rtol=1e-12, atol=0)
-        got = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in agents["captioner"].model.state_dict().items()}
-        assert got.keys() == want.keys()
-        for key in want:
-            assert torch.equal(got[key], want[key]), key
-        assert any("lora_A" in key for key in want) and any("composer" in key for key in want)
-    finally:
-        loading.load_by_shard(False)
-        dist.destroy_process_group()
+            torch.manual_seed(0)
+            configs = {"captioner": AgentConfig(tiny={"kind": "qwen2"}, peft=LoraSpec(r=2)),
+                       "composer": AgentConfig(share_base_with="captioner", peft=LoraSpec(r=2))}
+            agents = build_agents(configs)
+            meta = any(p.is_meta for p in agents["captioner"].model.parameters())
+            assert meta == (rank == 1)  # rank 0 builds the init every process takes its shards of
+            state = {k: v.clone() for k, v in agents["captioner"].model.state_dict().items()}
+            if rank == 0:
+                torch.save((state, agents["composer"].adapters.base_fingerprint), Path(root) / "rank0.pt")
+            shard_agents(agents, init_device_mesh("cpu", (2,)))
+            assert is_sharded(agents["composer"].model) and agents["composer"].model is agents["captioner"].model
+            dist.barrier()
+            want, base = torch.load(Path(root) / "rank0.pt")
+            for role in agents:  # the adapters' base fingerprint, taken from the shards once they are in
+                torch.testing.assert_close(agents[role].adapters.base_fingerprint, base, rtol=1e-12, atol=0)
+            got = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in agents["captioner"].model.state_dict().items()}
+            assert got.keys() == want.keys()
+            for key in want:
+                assert torch.equal(got[key], want[key]), key
+            assert any("lora_A" in key for key in want) and any("composer" in key for key in want)
+        finally:
+            loading.load_by_shard(False)
 
 
 @pytest.mark.slow  # two processes
