@@ -19,6 +19,8 @@ import pytest
 import torch
 import yaml
 
+from fake_vllm import fake_vllm  # noqa: F401  (a fixture)
+
 from agentcap.algorithms.offpolicy import STALE_TIS_CAP, effective_tis_cap
 from agentcap.core.settings import ConfigError
 from agentcap.rollout.pipeline import RolloutPipeline
@@ -42,6 +44,7 @@ def _policy():
 
 
 def _fingerprint(agent) -> float:
+    """The sum of ``agent.model``'s weights (an agent's, or a fake engine's copy)."""
     return float(sum(p.detach().double().sum() for p in agent.model.parameters()))
 
 
@@ -142,6 +145,45 @@ def test_the_sampler_copy_scores_its_samples_as_the_learner_does():
     assert [g.text for g in same] == [g.text for g in generations]  # same weights, same seeds: same samples
 
 
+@pytest.mark.usefixtures("fake_vllm")
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_vllm_engine_takes_each_batchs_snapshot_in_the_rollout_thread(k, tmp_path):
+    """With the vLLM backend the stand-in drives the learner's own engine (tests/fake_vllm.py): the
+    rollout thread installs θ_{max(0, s−K)} before each batch, verified on the probe, never during a
+    generation, and the main thread never touches the engine while the stage runs."""
+    from fake_vllm import engine_agent, observation, step
+
+    agent = engine_agent("policy", [], tmp_path)
+    agent.set_trainable(True)
+    engine, backend = agent.backend._llm, agent.backend
+    pipeline = RolloutPipeline(k)
+    pipeline.begin(0, agent)
+    twin = pipeline._sampler
+    assert twin.model is agent.model and twin.tokenizer is not agent.tokenizer  # a stand-in, not a copy
+    assert all(p.requires_grad for p in agent.trainable_parameters())
+
+    def request(_step):
+        def run(stand_ins):
+            sampled = stand_ins["policy"].generate([observation("policy")], seeds=[0], old_logprobs=False)
+            return _fingerprint(engine), sampled[0]
+        return run
+
+    torch.manual_seed(0)
+    before = []
+    for s in range(5):
+        before.append(_fingerprint(agent))
+        (held, sampled), staleness = pipeline.take(s, 4, agent, request)
+        assert staleness == s - max(0, s - k) and held == before[max(0, s - k)]
+        assert sampled.sampler_logprobs is not None  # the engine's own, for the TIS correction
+        step(agent, lr=0.05)  # the update, in place; marks the engine stale
+    pipeline.close()
+    assert backend.syncs == 5 and backend.gap < 1e-4  # one verified install per batch
+    assert set(engine.threads) == {"agentcap-rollout_0"}
+    agent.set_trainable(False)
+    agent.generate([observation("policy")], old_logprobs=False)  # after the stage: a plain sync, in this thread
+    assert engine.threads[-2:] == ["MainThread"] * 2 and _fingerprint(engine) == _fingerprint(agent)
+
+
 def test_settings_are_checked():
     from agentcap.agents.agent import AgentConfig
 
@@ -153,6 +195,7 @@ def test_settings_are_checked():
     RolloutPipeline.check(0, shared)
     with pytest.raises(ConfigError, match="grpo_fsdp"):
         RolloutPipeline.check_sharded(1)
+    RolloutPipeline.check(1, {"a": AgentConfig(model="folder", backend="vllm")})  # vLLM samples ahead too
 
 
 # --- fits -------------------------------------------------------------------------------------

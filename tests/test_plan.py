@@ -67,6 +67,28 @@ def test_terms_of_a_training_stage(tmp_path):
                                                               "judge", "gathered blocks", "activations")))
 
 
+@pytest.mark.parametrize("peft", [None, {"r": 8}])
+def test_rollouts_ahead_count_the_sampler_copy_and_k_snapshots(tmp_path, peft):
+    """max_staleness 2 with the HF backend: a copy of the agent samples beside the update (its KV cache
+    adds to the activations) and two snapshots of what trains wait; with a vLLM engine only the
+    snapshots of a full fine-tune count (the engine samples; an adapter's snapshots stay on the host)."""
+    config = recipe(tmp_path, devices=1, peft=peft)
+    config["model"]["stages"] = [{"name": "grpo", "kind": "grpo", "agent": "policy"}]
+    serial = plan(config, str(tmp_path), prompt_tokens=32)[0]
+    config["model"]["max_staleness"] = 2
+    ahead = plan(config, str(tmp_path), prompt_tokens=32)[0]
+    size = model_size(str(tmp_path / "policy"), "p")
+    adapter = 4 * lora_params(size, peft) if peft else 0
+    snapshot = adapter if peft else 4 * size.params
+    assert serial["rollouts ahead"] == 0 and serial["kv cache"] > 0
+    assert ahead["rollouts ahead"] == 4 * size.params + adapter + 2 * snapshot
+    overlap = min(ahead["activations"], ahead["kv cache"])
+    assert ahead["total"] == pytest.approx(serial["total"] + ahead["rollouts ahead"] + overlap)
+    config["model"]["agents"]["policy"]["backend"] = "vllm"
+    engine = plan(config, str(tmp_path), prompt_tokens=32)[0]
+    assert engine["rollouts ahead"] == (0 if peft else 2 * snapshot)
+
+
 def test_sharding_divides_by_the_world_and_bf16_halves(tmp_path):
     full = plan(recipe(tmp_path), str(tmp_path))[0]
     sharded = plan(recipe(tmp_path, strategy="grpo_fsdp"), str(tmp_path))[0]

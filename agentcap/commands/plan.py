@@ -14,6 +14,10 @@ before its weights are on disk. Per stage and rank the plan adds:
   completion logits in fp32, or the KV cache of the rollout's HF ``generate`` (agents without an
   engine), whichever is larger,
 - the vLLM engines of ``backend: vllm`` agents, awake or asleep by stage (``plan_engines``),
+- rollouts ahead of the update (``max_staleness`` K ≥ 1, GRPO stages): K snapshots of what trains
+  (a full fine-tune's weights; a LoRA adapter's, or none on the device for an engine, which keeps
+  its adapter snapshots in host memory), and for an HF agent its sampler copy, whose generate
+  then runs beside the update: its KV cache adds to the activations instead of taking their max,
 - under ``grpo_fsdp`` every agent and local examiner (not the coherence scorer) is divided by the
   world size, plus two gathered blocks in flight (bf16 under ``bf16-mixed``: FSDP2's
   mixed-precision policy, ``agentcap.parallel.sharding``).
@@ -241,16 +245,27 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
             checkpoints = size.layers * tokens * size.hidden * act_bytes if cfg.get("gradient_checkpointing") else 0
             logits = 3 * rows_per_rank * completion * size.vocab * 4  # logits, log-softmax, probabilities (fp32)
             activations = per_layer * layers + checkpoints + logits
+        ahead, overlap = 0.0, False  # max_staleness ≥ 1 (agentcap.rollout.pipeline)
+        staleness = int(model.get("max_staleness", 0) or 0)
+        if staleness and stage.get("kind") == "grpo":
+            peft = agents[role].get("peft")
+            adapter = 4 * lora_params(sizes[role], peft) if peft else 0
+            snapshot = adapter if peft else sizes[role].params * dtype(role)
+            if role in engines:  # the engine is the sampler; an adapter's snapshots wait in host memory
+                ahead = staleness * (0 if peft else snapshot)
+            else:  # a deep copy of the agent (base and adapter) samples beside the update
+                ahead, overlap = sizes[role].params * dtype(role) + adapter + staleness * snapshot, True
         kv = 0.0  # the rollout: the KV cache of one generate call of each acting HF agent (engines hold their own)
         batch = model.get("generation_batch_size", 64)
         for r in acting_roles(stage, list(agents), env_kwargs) - set(engines):
             length = prompt_tokens + agents[r].get("max_new_tokens", 64)
             kv = max(kv, 2 * sizes[r].layers * sizes[r].kv_width * batch * length * act_bytes)
         on_device = device_bytes(engines, state, harvest_awake, sleeping_gib)
-        total = params + grads + optim + frozen + judge_bytes + gathered + max(activations, kv) + on_device
+        working = activations + kv if overlap else max(activations, kv)
+        total = params + grads + optim + frozen + judge_bytes + gathered + working + on_device + ahead
         terms = {"parameters": params, "gradients": grads, "optimiser": optim, "frozen agents": frozen,
                  "judge": judge_bytes, "gathered blocks": gathered, "activations": activations, "kv cache": kv,
-                 "engines": on_device}
+                 "engines": on_device, "rollouts ahead": ahead}
         copies = host_copies(engines, state)
         host = copies + loading
         rows.append({"stage": stage.get("name"), "kind": stage.get("kind"), "agent": role or "-", "ranks": world,
@@ -263,7 +278,7 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
 
 
 COLUMNS = ("parameters", "gradients", "optimiser", "frozen agents", "judge", "gathered blocks", "activations",
-           "kv cache", "engines", "total")
+           "kv cache", "engines", "rollouts ahead", "total")
 
 
 def markdown(head: list[str], body: list[list[Any]]) -> str:

@@ -4,9 +4,9 @@ Within a GRPO stage the rollouts R_s of step s are sampled with the trainable ag
 θ_{max(0, s−K)}, exactly, so a seed and K give the same figures whatever the threads' timing. One
 background thread samples R_{s+1} … R_{s+K}, in order, while the main thread updates θ_s → θ_{s+1}
 with R_s. Each queued batch carries a snapshot of the trainable tensors it must be sampled with; the
-worker loads it into the agent's sampler copy (``agentcap.agents.backends.snapshot``) just before it
-starts that batch, so the sampler never changes mid-generation. Frozen agents act with their own
-weights, which do not change within a stage. Nothing is queued past the stage's last GRPO step and
+worker loads it into the trainable agent's sampler (``agentcap.agents.backends.snapshot``: a copy of
+an HF agent, or the agent's vLLM engine) just before it starts that batch, so the sampler never
+changes mid-generation. Frozen agents act with their own weights, which do not change within a stage. Nothing is queued past the stage's last GRPO step and
 :meth:`RolloutPipeline.begin` drains the queue, so no rollout crosses a stage boundary.
 
 With K = 0 :meth:`RolloutPipeline.take` runs the rollout inline: no thread, no copy.
@@ -19,10 +19,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ContextManager
 
-import torch
 
 from agentcap.agents.agent import Agent, AgentConfig
-from agentcap.agents.backends.snapshot import sampler_copy, trainable_weights
+from agentcap.agents.backends.snapshot import sampler_copy
 from agentcap.core.settings import ConfigError
 from agentcap.rollout.driver import RolloutBatch
 
@@ -37,12 +36,12 @@ class RolloutPipeline:
     def __init__(self, max_staleness: int = 0):
         self.max_staleness = max_staleness
         self._executor: ThreadPoolExecutor | None = None
-        # step → (future, the weights it samples with, their step)
-        self._pending: dict[int, tuple[Future, dict[str, torch.Tensor], int]] = {}
+        # step → (future, the snapshot it samples with, its step)
+        self._pending: dict[int, tuple[Future, dict[str, Any], int]] = {}
         self._sampler: Agent | None = None
         self._context: Callable[[], ContextManager] = contextlib.nullcontext
         self._stage: int | None = None
-        self._saved: dict[int, tuple[dict[str, torch.Tensor], int]] = {}  # from a checkpoint, for its stage
+        self._saved: dict[int, tuple[dict[str, Any], int]] = {}  # from a checkpoint, for its stage
 
     @staticmethod
     def check(max_staleness: int, agents: Mapping[str, AgentConfig]) -> None:
@@ -56,10 +55,10 @@ class RolloutPipeline:
                     f"agents.{role}.share_base_with is {config.share_base_with!r}: the roles switch adapters "
                     "on one model, which the update and the rollout thread would do at once; use max_staleness 0"
                 )
-            if config.backend != "hf":
+            if config.backend not in ("hf", "vllm"):
                 raise ConfigError(
-                    f"--model.max_staleness {max_staleness}: agents.{role}.backend {config.backend!r} is not "
-                    "supported yet with rollouts ahead of the update (backend: hf is); use max_staleness 0"
+                    f"--model.max_staleness {max_staleness}: agents.{role}.backend {config.backend!r} cannot "
+                    "sample ahead of the update (hf and vllm can); use max_staleness 0"
                 )
 
     @staticmethod
@@ -75,7 +74,7 @@ class RolloutPipeline:
 
     def begin(self, stage_index: int, agent: Agent | None, context: Callable[[], ContextManager] | None = None) -> None:
         """A stage boundary: drop whatever is in flight; a GRPO stage (``agent`` set) with K ≥ 1 gets a
-        sampler copy of its trainable agent. ``context`` is entered by the worker around each rollout
+        sampler of its own for its trainable agent. ``context`` is entered by the worker around each rollout
         (the trainer's precision context: autocast is thread-local)."""
         self.drain()
         self._sampler = None
@@ -90,7 +89,7 @@ class RolloutPipeline:
         """R_step and its staleness (optimiser steps between its weights and the current ones).
 
         First queues every step up to ``step + K`` (never past ``last_step``) that is not queued yet,
-        with the current weights θ_step; then waits for R_step.
+        with a snapshot of the current weights θ_step; then waits for R_step.
         """
         if not self.max_staleness:
             return request(step)(None), 0
@@ -98,23 +97,23 @@ class RolloutPipeline:
             raise RuntimeError("RolloutPipeline.take before begin() of a GRPO stage")
         for later in range(step, min(step + self.max_staleness, last_step) + 1):
             if later not in self._pending:
-                weights, version = self._saved.pop(later, None) or (trainable_weights(agent), step)
-                self._submit(later, request(later), weights, version)
+                snapshot, version = self._saved.pop(later, None) or (self._sampler.backend.snapshot(agent), step)
+                self._submit(later, request(later), snapshot, version)
         future, _, version = self._pending.pop(step)
         return future.result(), step - version
 
-    def _submit(self, step: int, run, weights: dict[str, torch.Tensor], version: int) -> None:
+    def _submit(self, step: int, run, snapshot: dict[str, Any], version: int) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="agentcap-rollout")
-        future = self._executor.submit(self._rollout, run, weights, version)
-        self._pending[step] = (future, weights, version)
+        future = self._executor.submit(self._rollout, run, snapshot, version)
+        self._pending[step] = (future, snapshot, version)
 
-    def _rollout(self, run, weights: dict[str, torch.Tensor], version: int) -> RolloutBatch:
+    def _rollout(self, run, snapshot: dict[str, Any], version: int) -> RolloutBatch:
         """In the worker thread: the sampler takes the batch's weights, then rolls it out."""
         sampler = self._sampler
         assert sampler is not None
         with self._context():
-            sampler.backend.load(weights, version)
+            sampler.backend.load(snapshot, version)
             return run({sampler.name: sampler})
 
     def drain(self) -> None:
@@ -138,14 +137,14 @@ class RolloutPipeline:
 
     # --- checkpoints ---------------------------------------------------------------------------
     def state(self) -> dict[str, Any] | None:
-        """The batches in flight as what regenerates them: their step and the weights they are sampled
+        """The batches in flight as what regenerates them: their step and the snapshot they are sampled
         with (tensors only, for ``torch.load(weights_only=True)``). Sampling is a pure function of the
         weights, the items and the tick's seed, so a resume that samples them again gets the same rollouts."""
         if not self._pending:
             return None
         return {"stage": self._stage, "pending": [
-            {"step": step, "version": version, "weights": weights}
-            for step, (_, weights, version) in sorted(self._pending.items())
+            {"step": step, "version": version, "snapshot": snapshot}
+            for step, (_, snapshot, version) in sorted(self._pending.items())
         ]}
 
     def load_state(self, state: dict[str, Any] | None) -> None:
@@ -153,4 +152,4 @@ class RolloutPipeline:
         self._saved = {}
         if state:
             self._stage = int(state["stage"])
-            self._saved = {int(p["step"]): (dict(p["weights"]), int(p["version"])) for p in state["pending"]}
+            self._saved = {int(p["step"]): (dict(p["snapshot"]), int(p["version"])) for p in state["pending"]}

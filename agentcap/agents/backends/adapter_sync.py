@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from collections.abc import Mapping
 
 import torch
 
@@ -49,14 +50,22 @@ class AdapterVersions:
         return os.path.join(self.root, f"v{version}")
 
     @torch.no_grad()
-    def save(self) -> int:
-        """Write the agent's current adapter as the next version; returns the tensors written."""
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The agent's adapter now, as peft saves it (peft's names, whole tensors), copied to host
+        memory: what a version holds, also kept as a snapshot while the learner moves on."""
         from peft import get_peft_model_state_dict
+
+        adapters = self.agent.adapters
+        state = get_peft_model_state_dict(adapters.peft_model, adapter_name=adapters.name)
+        return {name: full(t).to("cpu", copy=True).contiguous() for name, t in state.items()}
+
+    def save(self, tensors: Mapping[str, torch.Tensor] | None = None) -> int:
+        """Write ``tensors`` (:meth:`tensors` of an earlier step; default: the adapter now) as the
+        next version; returns the tensors written."""
         from safetensors.torch import save_file
 
         adapters = self.agent.adapters
-        tensors = get_peft_model_state_dict(adapters.peft_model, adapter_name=adapters.name)
-        tensors = {name: full(t).cpu().contiguous() for name, t in tensors.items()}
+        tensors = self.tensors() if tensors is None else dict(tensors)
         self.version += 1
         folder = self.folder(self.version)
         os.makedirs(folder)

@@ -1,16 +1,23 @@
-"""A sampler that holds its own copy of a trainable agent's weights, for rollouts that overlap the update.
+"""Samplers that hold the weights of an earlier step, for rollouts that overlap the update.
 
 With ``max_staleness`` ≥ 1 (``agentcap.rollout.pipeline``) the next rollouts are sampled in a
-background thread while the learner's parameters change in place. The HF backend samples with the
-learner's own model, so the sampler needs a copy: :func:`sampler_copy` deep-copies the agent (model,
-adapters, tokenizer: a fast tokenizer is not safe to share between threads) and gives the copy a
-:class:`SnapshotBackend`, which samples with the copy's weights and also returns the copy's log-probs
-of what it sampled, so the update's truncated importance weights and sampler gap
-(``agentcap.algorithms.offpolicy``) measure the real staleness. The learner's trainable weights reach
-the copy only through :meth:`SnapshotBackend.load`, called between two generations, never during one.
+background thread while the learner's parameters change in place. The main thread takes a
+:meth:`snapshot` of the learner between two updates; the rollout thread ``load``\\ s it into its
+sampler just before the batch that must be sampled with it, never during a generation.
+:func:`sampler_copy` builds the rollout thread's stand-in for the trainable agent:
 
-Memory: one more copy of the trainable agent (plus one snapshot of its trainable tensors per rollout
-batch in flight). At scale sample with vLLM, whose engine already holds its own copy.
+- HF backend (:class:`SnapshotBackend`): the HF backend samples with the learner's own model, so the
+  stand-in is a deep copy of the agent (model, adapters, tokenizer) whose trainable tensors take
+  each snapshot; it also returns the copy's log-probs of what it sampled, so the update's truncated
+  importance weights and sampler gap (``agentcap.algorithms.offpolicy``) measure the real staleness.
+  Memory: one more copy of the trainable agent.
+- vLLM backend (:class:`EngineSnapshot`): the engine already holds weights of its own, so the
+  stand-in shares the learner's model (never run) and engine and copies only what a second thread
+  must not share (tokenizer, processor: a fast tokenizer is not thread-safe). Each snapshot goes
+  into the engine as a verified sync (``backends.vllm``, :meth:`VLLMBackend.load_snapshot`).
+
+Either way each batch in flight keeps one snapshot of the trainable tensors (a LoRA agent's: its
+adapter) until it is sampled.
 """
 
 from __future__ import annotations
@@ -22,26 +29,30 @@ from typing import Any
 import torch
 
 from agentcap.agents.backends.hf import HFBackend
+from agentcap.agents.backends.vllm import VLLMBackend
+from agentcap.agents.backends.weights import trainable_weights
 from agentcap.agents.generation import Generation
 from agentcap.agents.tokens import pad_right
 
 
-def trainable_weights(agent) -> dict[str, torch.Tensor]:
-    """A detached clone of ``agent``'s trainable tensors (the adapter only, for a LoRA agent)."""
-    with torch.no_grad():
-        return {name: p.detach().clone() for name, p in agent.model.named_parameters() if p.requires_grad}
-
-
 def sampler_copy(agent):
-    """A frozen deep copy of ``agent`` that samples through a :class:`SnapshotBackend`."""
-    if type(agent.backend) is not HFBackend:
-        raise ValueError(f"agents.{agent.name}: a sampler copy is made of an HF-backend agent only "
-                         f"(got {type(agent.backend).__name__})")
-    names = [name for name, p in agent.model.named_parameters() if p.requires_grad]
-    twin = copy.deepcopy(agent)
-    twin.set_trainable(False)
-    twin.backend = SnapshotBackend(twin, names)
-    return twin
+    """The rollout thread's stand-in for ``agent`` (frozen), sampling through a snapshot backend."""
+    backend = agent.backend
+    if type(backend) is HFBackend:
+        names = [name for name, p in agent.model.named_parameters() if p.requires_grad]
+        twin = copy.deepcopy(agent)
+        twin.set_trainable(False)
+        twin.backend = SnapshotBackend(twin, names)
+        return twin
+    if isinstance(backend, VLLMBackend):
+        backend.llm, backend.probe  # built here, in the main thread, not by the rollout thread
+        shared = {id(agent.model): agent.model, id(backend): backend}
+        twin = copy.deepcopy(agent, shared)  # the model and the engine stay the learner's
+        twin.trainable = False  # not set_trainable: that would freeze the learner's shared model
+        twin.backend = EngineSnapshot(twin, backend)
+        return twin
+    raise ValueError(f"agents.{agent.name}: rollouts ahead of the update need an hf or vllm backend "
+                     f"(got {type(backend).__name__})")
 
 
 class SnapshotBackend:
@@ -54,9 +65,15 @@ class SnapshotBackend:
         self.stale = False  # never read: the copy changes only through `load`
         self.version: int | None = None  # the learner's step whose weights the copy holds
 
+    @staticmethod
+    def snapshot(learner) -> dict[str, Any]:
+        """In the main thread: the learner's trainable tensors now."""
+        return {"weights": trainable_weights(learner.model)}
+
     @torch.no_grad()
-    def load(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Take the learner's trainable tensors of step ``version`` (from :func:`trainable_weights`)."""
+    def load(self, snapshot: Mapping[str, Any], version: int) -> None:
+        """Take the learner's trainable tensors of step ``version`` (a :meth:`snapshot`)."""
+        weights = snapshot["weights"]
         missing = sorted(set(self.names) - set(weights))
         if missing:
             raise ValueError(f"agents.{self.agent.name}: the sampler snapshot lacks {missing[:3]}")
@@ -82,3 +99,34 @@ class SnapshotBackend:
 
     def sync(self) -> None:
         """The copy follows the learner through :meth:`load` only (between generations)."""
+
+
+class EngineSnapshot:
+    """The learner's vLLM engine as the rollout thread drives it: each batch's snapshot goes in
+    first; the engine's own log-probs of each sample are the sampler's log-probs."""
+
+    def __init__(self, agent, engine: VLLMBackend):
+        self.agent = agent  # the stand-in: its own tokenizer
+        self.engine = engine
+        self.stale = False  # never read: the engine changes only through `load` while the pipeline runs
+        self.version: int | None = None
+
+    def snapshot(self, learner) -> dict[str, Any]:
+        """In the main thread: the learner's trainable tensors and probe log-probs now."""
+        return self.engine.snapshot()
+
+    def load(self, snapshot: Mapping[str, Any], version: int) -> None:
+        self.engine.load_snapshot(snapshot)
+        self.version = version
+
+    def sample(
+        self,
+        observations: Sequence[dict[str, Any]],
+        inputs: dict[str, Any],
+        greedy: bool,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Generation]:
+        return self.engine.sample_as(self.agent, observations, greedy, seeds)
+
+    def sync(self) -> None:
+        """The engine follows the learner through :meth:`load` only (between generations)."""

@@ -16,6 +16,11 @@ after which the engine counts as stale and the next use re-syncs them from the l
 wakes the engine first (the weights first, then the KV cache), so weights never go into a
 sleeping engine; generation and scoring wake it too.
 
+Rollouts ahead of the update (``max_staleness`` ≥ 1, ``agentcap.rollout.pipeline``): the main thread
+takes a :meth:`snapshot` of the learner between updates, and the rollout thread installs it with
+:meth:`load_snapshot` just before the batch that must be sampled with it, verified against the
+probe log-probs the snapshot carries; the engine is never written to mid-generation.
+
 Log-probs are taken after temperature (``logprobs_mode="processed_logprobs"``), the distribution the
 learner's ``completion_logprobs`` computes. Works with vLLM 0.26 (the GPU extra) and 0.32 (the CPU
 build the tests run): both take a callable in ``collective_rpc``, ``prompt_token_ids`` prompts,
@@ -25,7 +30,7 @@ build the tests run): both take a callable in ``collective_rpc``, ``prompt_token
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,7 +38,7 @@ import torch
 from agentcap.agents.backends.adapter_sync import AdapterVersions, max_lora_rank
 from agentcap.agents.backends.base import VLLMOptions
 from agentcap.agents.backends.verify import DEFAULT_TOLERANCE, WeightSyncError, check_sync, learner_logprobs, make_probe
-from agentcap.agents.backends.weights import layers
+from agentcap.agents.backends.weights import layers, trainable_weights
 
 __all__ = ["VLLMBackend", "WeightSyncError"]
 from agentcap.agents.generation import Generation
@@ -190,12 +195,14 @@ class VLLMBackend:
             self.sync()
         self.wake()
 
-    def prompt(self, observation: dict[str, Any]) -> dict[str, Any]:
-        """vLLM prompt of one observation: token ids of the chat prompt, plus media for multimodal families."""
-        family = self.agent.family
+    def prompt(self, observation: dict[str, Any], agent=None) -> dict[str, Any]:
+        """vLLM prompt of one observation: token ids of the chat prompt, plus media for multimodal
+        families (``agent``: whose tokenizer; the rollout thread's stand-in has its own)."""
+        agent = agent or self.agent
+        family = agent.family
         if family.name == "causal_lm":
             text = family.prompt_text(observation["messages"])
-            ids = self.agent.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = agent.tokenizer(text, add_special_tokens=False)["input_ids"]
             return {"prompt_token_ids": list(ids)}
         text = family.prompt_text(observation["messages"], family.placeholder(observation))
         media: dict[str, Any] = {}
@@ -219,10 +226,16 @@ class VLLMBackend:
         greedy: bool,
         seeds: Sequence[int] | None = None,
     ) -> list[Generation]:
+        self._ready()
+        return self.sample_as(self.agent, observations, greedy, seeds)
+
+    def sample_as(
+        self, agent, observations: Sequence[dict[str, Any]], greedy: bool, seeds: Sequence[int] | None = None
+    ) -> list[Generation]:
+        """Sample with the weights the engine holds now, prompts tokenised by ``agent`` (this agent,
+        or the rollout thread's stand-in for it); no sync."""
         from vllm import SamplingParams
 
-        self._ready()
-        agent = self.agent
         # one seed per request (one shared seed would give every rollout of a group the same
         # sample), drawn from torch's generator so seeded runs repeat, as HF sampling does
         if seeds is None:  # the driver passes per-trajectory seeds (global position); else torch's generator
@@ -241,7 +254,7 @@ class VLLMBackend:
             )
             for seed in seeds
         ]
-        outputs = self._generate([self.prompt(o) for o in observations], params)
+        outputs = self._generate([self.prompt(o, agent) for o in observations], params)
         results = []
         for out in outputs:
             completion = out.outputs[0]
@@ -290,16 +303,41 @@ class VLLMBackend:
         never go into a sleeping engine. Every rank must call it (gathering a sharded parameter is
         a collective, and so is the learner's forward of the probe).
         """
-        self.wake(["weights"])
-        if self.adapter is None:
-            sent = self._load(layers(self.agent.model))
-        self.wake()
-        if self.adapter is not None:
-            sent = self._load_adapter()
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        self.syncs += 1
+        sent = self._install()
         self.verify()  # raises WeightSyncError, leaving the engine stale
         self.stale = False
+        return sent
+
+    def _install(self, weights: Mapping[str, torch.Tensor] | None = None) -> int:
+        """The learner's weights (``weights``: those of a :meth:`snapshot` instead) into the engine,
+        weights woken first; returns tensors sent."""
+        self.wake(["weights"])
+        if self.adapter is None:
+            sent = self._load(layers(self.agent.model, weights))
+        self.wake()
+        if self.adapter is not None:
+            sent = self._load_adapter(weights)
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.syncs += 1
+        return sent
+
+    # --- snapshots: rollouts sampled ahead of the update ----------------------------------------
+    @torch.no_grad()
+    def snapshot(self) -> dict[str, Any]:
+        """In the main thread, between two updates: the learner's trainable tensors and its
+        log-probs of the probe, all :meth:`load_snapshot` needs later, from another thread."""
+        # read here, not by the rollout thread: the learner's forwards swap its output head out meanwhile
+        weights = trainable_weights(self.agent.model, whole=True) if self.adapter is None else self.adapter.tensors()
+        return {"weights": weights, "probe": learner_logprobs(self.agent, self.probe)}
+
+    @torch.no_grad()
+    def load_snapshot(self, snapshot: Mapping[str, Any]) -> int:
+        """In the rollout thread, between two generations: a :meth:`snapshot` into the engine,
+        verified against the learner's probe log-probs it carries. The engine then holds weights
+        older than the learner's: it counts as stale, so a later use outside the pipeline syncs."""
+        self.stale = True
+        sent = self._install(snapshot["weights"])
+        self._check(snapshot["probe"])
         return sent
 
     def _load(self, groups) -> int:
@@ -312,10 +350,11 @@ class VLLMBackend:
             self.llm.collective_rpc(_end_reload)
         return sent
 
-    def _load_adapter(self) -> int:
-        """Write the adapter's next version, load it into the engine and forget the older ones."""
+    def _load_adapter(self, weights: Mapping[str, torch.Tensor] | None = None) -> int:
+        """Write the adapter's next version (``weights``: a snapshot's), load it into the engine
+        and forget the older ones."""
         assert not self._asleep, f"{self.where}: an adapter into a sleeping vLLM engine"
-        sent = self.adapter.save()
+        sent = self.adapter.save(weights)
         engine = self.llm.llm_engine
         engine.add_lora(self.adapter.request())
         for version in self.adapter.drop_older():
@@ -325,10 +364,18 @@ class VLLMBackend:
 
     def verify(self) -> float:
         """The engine's log-probs of the probe against the learner's (``backends.verify``)."""
+        return self._check(learner_logprobs(self.agent, self.probe))
+
+    @property
+    def probe(self):
+        """The fixed prompt + completion every sync is checked on, tokenised once (in the main
+        thread: the rollout thread's checks reuse it)."""
         if self._probe is None:
             self._probe = make_probe(self.agent)
-        probe = self._probe
-        learner = learner_logprobs(self.agent, probe)
+        return self._probe
+
+    def _check(self, learner: torch.Tensor) -> float:
+        probe = self.probe
         engine = self._score([probe.prompt_ids], [probe.completion_ids])[0]
         self.gap = check_sync(f"agents.{self.agent.name}", self.syncs, engine, learner, self.tolerance)
         return self.gap

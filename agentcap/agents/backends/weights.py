@@ -10,7 +10,7 @@ vLLM LoRA request.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 import torch.nn as nn
@@ -35,11 +35,24 @@ def engine_name(name: str) -> str | None:
     return name.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")
 
 
-def layers(model: nn.Module) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """(name, full tensor) lists, one decoder layer (or one loose parameter) per list, in order."""
+def trainable_weights(model: nn.Module, whole: bool = False) -> dict[str, torch.Tensor]:
+    """A detached clone of ``model``'s trainable tensors (a LoRA agent's: its adapter only), by
+    parameter name: the weights of one step, kept while the learner moves on. ``whole``: its frozen
+    tensors too, uncloned (they do not change), in the model's order, so the dict stands for the
+    whole model in :func:`layers` and another thread need not read the model (whose forward may
+    swap its output head out meanwhile: ``agents.logprobs.head_removed``)."""
+    with torch.no_grad():
+        return {name: p.detach().clone() if p.requires_grad else p.detach()
+                for name, p in model.named_parameters() if whole or p.requires_grad}
+
+
+def layers(model: nn.Module, weights: Mapping[str, torch.Tensor] | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """(name, full tensor) lists, one decoder layer (or one loose parameter) per list, in order;
+    ``weights`` (every parameter by name, ``trainable_weights(model, whole=True)``) in place of the
+    model's own."""
     group: list[tuple[str, torch.Tensor]] = []
     current: str | None = None
-    for name, param in model.named_parameters():
+    for name, param in (weights.items() if weights is not None else model.named_parameters()):
         target = engine_name(name)
         if target is None:
             continue
