@@ -10,9 +10,16 @@ machine is shared and noisy. Placement: ``--threads`` intra-op threads for the w
 runs two Python threads, the learner's and the sampler's, over the same pool); ``--k0-threads`` lets
 the serial baseline use every core for its intra-op work.
 
+``--backend vllm`` samples with the agent's vLLM engine instead (CPU build, ``.venv-vllm``; the
+learner syncs it every step, verified, as in training), generating exactly ``--new-tokens`` tokens
+too (``min_tokens``). The engine runs inside the learner's process, as agentcap builds it: an engine
+core in a process of its own cannot take a sync through ``collective_rpc`` on vLLM 0.32's CPU build
+(its executor fails to pickle the received tensors: ``cannot pickle memoryview objects``).
+
     python tools/bench_async.py --pairs 3
     python tools/bench_async.py --pairs 3 --k0-threads 2      # baseline with both cores per op
     python tools/bench_async.py --trl-python .venv-bench/bin/python   # also TRL's synchronous step
+    .venv-vllm/bin/python tools/bench_async.py --backend vllm --pairs 3
 """
 
 from __future__ import annotations
@@ -43,9 +50,16 @@ def steps(args) -> dict:
     from agentcap.training.old_policy import old_or_current
     from agentcap.training.optim import build_optimizer, optimizer_step
 
-    model, tokenizer = load(args.seed)
+    if args.backend == "vllm":
+        model, tokenizer, folder = load_folder(args)
+    else:
+        model, tokenizer = load(args.seed)
     model.generation_config.min_new_tokens = args.new_tokens  # same lengths every step
     agent = Agent("policy", model, tokenizer, max_new_tokens=args.new_tokens, lr=1e-6)
+    if args.backend == "vllm":
+        from agentcap.agents.backends.base import VLLMOptions
+
+        agent.use_backend("vllm", VLLMOptions(enforce_eager=True, max_model_len=512), str(folder))
     agent.set_trainable(True)
     optimizer = build_optimizer(agent, lr=1e-6)
     prompts = [{"agent": "policy", "messages": [{"role": "user", "content": p}]} for p in PROMPTS[: args.prompts]]
@@ -82,12 +96,36 @@ def steps(args) -> dict:
                                 weights=token_weights(mask, normalizer=float(mask.sum())), importance_weights=tis)
         out["loss"].backward()
         optimizer_step(agent, optimizer, max_grad_norm=1.0)
+        agent.sync_weights()  # an engine takes the new weights before it next samples (K = 0; K = 1 snapshots)
         if step:  # the first step warms up (and, with K = 1, has nothing sampled ahead)
             times.append(time.perf_counter() - start)
             waits.append(waited)
             updates.append(time.perf_counter() - t0)
     pipeline.close()
     return {"times": times, "waits": waits, "updates": updates}
+
+
+def load_folder(args):
+    """SmolLM2-135M-Instruct as a dense HF folder (the engine's) and the learner loaded from it."""
+    import vllm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentcap.agents.gguf import resave
+
+    folder = resave(Path(os.environ.get("AGENTCAP_CACHE", Path.home() / ".cache" / "agentcap")) / "smollm2-hf")
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    generate = vllm.LLM.generate  # exactly --new-tokens tokens per sample, as min_new_tokens does for HF
+
+    def fixed_length(self, prompts, params=None, *rest, **options):
+        for one in params if isinstance(params, list) else [params]:
+            if one is not None and one.prompt_logprobs is None:  # samples; not the sync probe's scoring
+                one.min_tokens = one.max_tokens
+        return generate(self, prompts, params, *rest, **options)
+
+    vllm.LLM.generate = fixed_length
+    return model, tokenizer, folder
 
 
 def worker(args) -> None:
@@ -100,8 +138,10 @@ def worker(args) -> None:
 def measure(args, k: int, threads: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--k", str(k), "--threads", str(threads), "--seed", str(args.seed),
            "--group", str(args.group), "--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens),
-           "--steps", str(args.steps)]
+           "--steps", str(args.steps), "--backend", args.backend]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    if args.backend == "vllm":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     if out.returncode or not lines:
@@ -141,7 +181,7 @@ def compare(args) -> None:
             line += f" | TRL {trl:.2f} s, K=1 / TRL {to_trl[-1]:.2f}"
         print(line, flush=True)
     print(f"step time K=1 / K=0 over {len(ratios)} pairs: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}"
-          f" (threads: K=0 {k0_threads}, K=1 {args.threads})")
+          f" (backend {args.backend}; threads: K=0 {k0_threads}, K=1 {args.threads})")
     if to_trl:
         print(f"step time K=1 / TRL: min {min(to_trl):.2f}, median {statistics.median(to_trl):.2f}")
 
@@ -159,6 +199,7 @@ def main(argv=None) -> None:
     parser.add_argument("--k0-threads", type=int, default=None, help="intra-op threads of the K=0 baseline")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trl-python", default=None, help="a Python with trl==1.16.0 (extra `bench`)")
+    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
