@@ -93,14 +93,14 @@ def _perturb(agent) -> None:
             p.add_(torch.randn_like(p) * 0.02)
 
 
-def _shifted(model):
+def _shifted(model, weights=None):
     """Every decoder layer's weights sent under the next layer's names."""
     import re
 
     from agentcap.agents.backends.weights import layers
 
     n = model.config.num_hidden_layers
-    for group in layers(model):
+    for group in layers(model, weights):
         yield [(re.sub(r"\.layers\.(\d+)\.", lambda m: f".layers.{(int(m.group(1)) + 1) % n}.", name), t)
                for name, t in group]
 
@@ -116,7 +116,7 @@ def test_a_broken_sync_stops_the_run(agent, monkeypatch, broken):
     _perturb(agent)
     agent.sync_weights()
     agent.set_trainable(False)
-    monkeypatch.setattr(vllm_backend, "layers", (lambda model: iter([])) if broken == "sends nothing" else _shifted)
+    monkeypatch.setattr(vllm_backend, "layers", (lambda model, weights=None: iter([])) if broken == "sends nothing" else _shifted)
     with pytest.raises(WeightSyncError) as error:
         agent.generate(PROMPTS[:1])
     print(f"{broken}: {error.value}")
