@@ -116,13 +116,14 @@ class FakeLLM:
         probe = getattr(params, "prompt_logprobs", None) is not None
         self.log.append(f"{self.role}.{'probe' if probe else 'generate'}")
         self.threads.append(threading.current_thread().name)
-        self.generating, outputs = True, []
+        self.generating = True
         try:
-            return self._outputs(prompts, probe, outputs)
+            return self._outputs(prompts, probe)
         finally:
             self.generating = False
 
-    def _outputs(self, prompts, probe: bool, outputs: list):
+    def _outputs(self, prompts, probe: bool) -> list[_Output]:
+        outputs = []
         for prompt in prompts:
             ids = torch.tensor([prompt["prompt_token_ids"]])
             logprobs = torch.log_softmax(self.model(input_ids=ids).logits[0].float(), -1)

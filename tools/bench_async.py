@@ -110,9 +110,9 @@ def load_folder(args):
     import vllm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentcap.agents.gguf import resave
+    from agentcap.agents.gguf import cached_smollm2
 
-    folder = resave(Path(os.environ.get("AGENTCAP_CACHE", Path.home() / ".cache" / "agentcap")) / "smollm2-hf")
+    folder = cached_smollm2()
     torch.manual_seed(args.seed)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -42,9 +42,9 @@ def main(argv=None) -> None:
 
     model = args.model
     if model is None:
-        from agentcap.agents.gguf import resave
+        from agentcap.agents.gguf import cached_smollm2
 
-        model = resave(Path(os.environ.get("AGENTCAP_CACHE", Path.home() / ".cache" / "agentcap")) / "smollm2-hf")
+        model = cached_smollm2()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = AgentConfig(model=str(model), backend="vllm", max_new_tokens=args.max_new_tokens, temperature=1.0,
                          dtype=args.dtype, vllm={"gpu_memory_utilization": args.gpu_memory_utilization,

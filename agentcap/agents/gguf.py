@@ -14,9 +14,16 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cached_smollm2() -> Path:
+    """SmolLM2-135M-Instruct as a dense folder in agentcap's cache (``$AGENTCAP_CACHE``, default
+    ``~/.cache/agentcap``), re-saved from the GGUF once: what the vLLM tests and benchmarks load."""
+    return resave(Path(os.environ.get("AGENTCAP_CACHE", Path.home() / ".cache" / "agentcap")) / "smollm2-hf")
 
 
 def smollm2_folder() -> Path:

@@ -34,7 +34,7 @@ class ResumeHooks:
             "reference": None if getattr(self._reference, "model", None) is None
             else model_state(self._reference.model, full),
             "replay": self.replay.state(active),
-            "rollouts": self.pipeline.state(),  # max_staleness: batches in flight, as the weights that sample them
+            "rollouts": self.pipeline.state(),  # max_staleness: batches in flight, as the snapshots that sample them
         }
         # Lightning's copies of the stage's optimiser and schedule (the trainer holds them for its
         # callbacks, training.optim.show_to_lightning): the entry above has them, once

