@@ -15,7 +15,7 @@ EXPORTS = {
     "Score": "agentcap.core.episode",
     "check_env": "agentcap.core.check",
     "GRPOModule": "agentcap.training.module",
-    "Stage": "agentcap.training.schedule",
+    "Stage": "agentcap.core.schedule",
     "EnvConfig": "agentcap.rollout.splits",
     "RolloutDriver": "agentcap.rollout.driver",
     "Agent": "agentcap.agents.agent",

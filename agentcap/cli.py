@@ -28,11 +28,11 @@ from agentcap.parallel.loading import load_by_shard
 from agentcap.parallel.signals import StopOnSignal, stop_on_signals
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint, usable_checkpoint
 from agentcap.resume.configs import config_paths, read_config
-from agentcap.resume.guard import changed_keys, move_aside
 from agentcap.resume.run_dir import RunLock, check_writable
 from agentcap.training.callbacks import print_results
 from agentcap.training.finite import NonFiniteError
 from agentcap.training.module import GRPOModule
+from agentcap.training.resume_guard import changed_keys, move_aside
 
 
 class SuggestingParser(LightningArgumentParser):

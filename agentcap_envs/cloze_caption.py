@@ -11,10 +11,15 @@ from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
 from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
 from agentcap.judges.build import build_examiner, build_temporal_examiner
-from agentcap.judges.examiner import BLANK, Question, question_bank
 from agentcap.judges.pool import sharded as judges_sharded
+from agentcap.judges.questions import BLANK, Question, question_bank
 from agentcap.rewards.base import weighted_sum
-from agentcap.rewards.functional.cloze import anchor_problem, event_temporal_reward, evidence_sufficiency, length_reward
+from agentcap.rewards.functional.cloze import (
+    anchor_problem,
+    event_temporal_reward,
+    evidence_sufficiency,
+    length_ramp_reward,
+)
 
 PROMPTS = {
     "paper": (
@@ -187,7 +192,7 @@ class ClozeCaptionEnv(CaptionEnv):
                     captions, [question_bank(e.item) for e in batch], self.examiner, **self.answer_scores
                 ),
                 "ectr": event_temporal_reward(captions, [e.item["anchors"] for e in batch], self.temporal),
-                "length": length_reward(captions, [e.item["caption"] for e in batch], self.length_tolerance),
+                "length": length_ramp_reward(captions, [e.item["caption"] for e in batch], self.length_tolerance),
             }
             weights = {k: float(self.weights.get(k, 0.0)) for k in COMPONENTS}
             total = weighted_sum(parts, weights)

@@ -13,15 +13,9 @@ from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
 from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
 from agentcap.judges.build import build_examiner
-from agentcap.judges.examiner import Question, question_bank, sentences
-from agentcap.rewards.evidence import (
-    LoopConfig,
-    captioner_utility,
-    composer_utilities,
-    evidence_states,
-    instruct_utility,
-    serialize_evidence,
-)
+from agentcap.judges.evidence import evidence_states, serialize_evidence
+from agentcap.judges.questions import Question, question_bank, sentences
+from agentcap.rewards.evidence import LoopConfig, captioner_utility, composer_utilities, instruct_utility
 from agentcap.rewards.functional.cloze import answer_scores
 
 CAPTIONER, COMPOSER, INSTRUCT = "captioner", "composer", "instruct"

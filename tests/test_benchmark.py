@@ -14,7 +14,14 @@ import yaml
 from agentcap.core.manifests import ManifestError
 from agentcap.evaluation.ad_eval import llm_ad_eval, parse_score
 from agentcap.evaluation.benchmark import (
-    Ask, LocalJudge, RuleJudge, benchmark_table, evaluate_benchmark, judge_prompt, parse_judge_spec, read_benchmark,
+    Ask,
+    LocalJudge,
+    RuleJudge,
+    benchmark_table,
+    evaluate_benchmark,
+    judge_prompt,
+    parse_judge_spec,
+    read_benchmark,
 )
 from agentcap.evaluation.skipped import skipped_metrics
 
@@ -156,7 +163,7 @@ def test_local_judge_reads_only_the_asks_letters():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from agentcap.agents.tokenizer import build_word_tokenizer
-    from agentcap.judges.examiner import CausalLMJudge
+    from agentcap.judges.causal_lm import CausalLMJudge
 
     asks = [Ask("a dog barks", "What barks?", ("dog", "cat")),
             Ask("a dog barks", "How many?", tuple("one two three four five six seven eight nine ten".split()))]

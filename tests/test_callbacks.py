@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import Logger
 
 from agentcap.cli import AgentcapCLI
 from agentcap.resume.checkpoints import TickCheckpoint, checkpoints
-from agentcap.resume.loading import load_module
+from agentcap.training.loading import load_module
 from agentcap.training.module import GRPOModule
 from agentcap.training.optim import lr_factor
 

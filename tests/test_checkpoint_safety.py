@@ -15,7 +15,7 @@ import torch
 
 from agentcap.cli import main
 from agentcap.resume.checkpoints import latest_checkpoint, usable_checkpoint
-from agentcap.resume.loading import load_module
+from agentcap.training.loading import load_module
 
 STAGES = [{"name": "sft", "kind": "sft", "agent": "policy", "steps": 1}]
 

@@ -20,7 +20,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from agentcap.agents.tokenizer import build_word_tokenizer
 from agentcap.commands.bank import bank_command
 from agentcap.data import question_bank as bank_tool
-from agentcap.judges.examiner import Question, RuleExaminer
+from agentcap.judges.questions import Question
+from agentcap.judges.rule import RuleExaminer
 from agentcap.rewards.functional.cloze import evidence_sufficiency
 from agentcap_envs.cloze_caption import ClozeCaptionEnv
 from agentcap_envs.evidence_game import EvidenceGameEnv

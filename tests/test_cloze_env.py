@@ -19,7 +19,7 @@ from conftest import read_jsonl
 
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
 from agentcap.core.manifests import ManifestError
-from agentcap.judges.examiner import RuleExaminer
+from agentcap.judges.rule import RuleExaminer
 from agentcap.rewards.functional.cloze import answer_scores, curriculum_weights
 from agentcap_envs.cloze_caption import PROMPTS
 from agentcap_envs.toy import soundscapes

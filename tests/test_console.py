@@ -8,8 +8,8 @@ import io
 
 import pytest
 
+from agentcap.core.schedule import Schedule, Stage
 from agentcap.training.console import StageProgressBar
-from agentcap.training.schedule import Schedule, Stage
 
 
 class Recording(StageProgressBar):

@@ -12,9 +12,9 @@ import yaml
 from fake_vllm import engine_agent, fake_vllm, observation, step  # noqa: F401  (fake_vllm: autouse fixture)
 
 from agentcap.agents.backends.vllm import WeightSyncError
+from agentcap.core.schedule import Stage
 from agentcap.rollout.splits import EnvConfig
 from agentcap.training import engines
-from agentcap.training.schedule import Stage
 
 pytestmark = pytest.mark.usefixtures("fake_vllm")
 

@@ -216,7 +216,7 @@ class _Env:
 
 def test_question_accuracy_and_g2p_with_the_examiner(sound_rows):
     from agentcap.judges import RuleExaminer
-    from agentcap.judges.examiner import question_bank
+    from agentcap.judges.questions import question_bank
     from agentcap.rewards.functional.cloze import answer_scores
 
     items = sound_rows[:4]

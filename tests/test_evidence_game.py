@@ -19,8 +19,8 @@ from conftest import read_jsonl
 
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
 from agentcap.core.manifests import ManifestError
-from agentcap.judges.examiner import RuleExaminer
-from agentcap.rewards.evidence import serialize_evidence
+from agentcap.judges.evidence import serialize_evidence
+from agentcap.judges.rule import RuleExaminer
 from agentcap_envs.evidence_game import PROMPTS, parse_composer_action
 from agentcap_envs.toy import soundscapes
 
@@ -515,8 +515,9 @@ def test_rollout_driver_plays_and_scores_through_other_env_instances(make, sound
 
 def test_rule_examiner_does_not_read_questions_as_evidence():
     """A question that names an attribute value is not a claim (ACE-Cap: questions are non-assertive)."""
-    from agentcap.judges.examiner import Question, RuleExaminer
-    from agentcap.rewards.evidence import serialize_evidence
+    from agentcap.judges.evidence import serialize_evidence
+    from agentcap.judges.questions import Question
+    from agentcap.judges.rule import RuleExaminer
 
     question = Question("How loud is the buzz?", ("very soft", "soft", "loud", "very loud", "Not given"), "C",
                         {"subject": "buzz", "attribute": "loudness"})

@@ -17,8 +17,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from agentcap.agents.tokenizer import build_word_tokenizer
 from agentcap.core.manifests import ManifestError
-from agentcap.judges.examiner import LETTERS, Examiner, LLMExaminer, Question, RuleExaminer, parse_letter
+from agentcap.judges.examiner import Examiner, LLMExaminer, parse_letter
 from agentcap.judges.prefix import MIN_TOKENS, prefix_tree
+from agentcap.judges.questions import LETTERS, Question
+from agentcap.judges.rule import RuleExaminer
 from agentcap.judges.temporal import (
     LLMTemporalExaminer,
     RuleTemporalExaminer,

@@ -56,7 +56,7 @@ def lora_run(tmp_path_factory, toy_movie):
 
 @pytest.mark.slow  # `agentcap fit` in a subprocess (lora_run)
 def test_lora_checkpoint_holds_adapters_only_and_resumes(lora_run):
-    from agentcap.resume.loading import load_module
+    from agentcap.training.loading import load_module
 
     config, run_dir = lora_run
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
@@ -75,7 +75,7 @@ def test_lora_checkpoint_holds_adapters_only_and_resumes(lora_run):
 def test_export_loads_and_generates_with_plain_transformers(lora_run, tmp_path, merge):
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from agentcap.resume.loading import load_module
+    from agentcap.training.loading import load_module
 
     config, run_dir = lora_run
     out = tmp_path / "export"

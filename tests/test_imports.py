@@ -222,6 +222,69 @@ def test_layers() -> None:
     assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
 
 
+#: The folder order, bottom layer first (docs/architecture.md): a folder imports only folders of lower
+#: layers, never one of its own layer or above. A folder is a sub-package of ``agentcap`` or one of its
+#: top-level modules; ``agentcap_envs`` is one folder.
+LAYERS = (
+    ("core", "_lazy"),
+    ("resume", "testing"),
+    ("parallel", "algorithms"),
+    ("agents",),
+    ("judges",),
+    ("rewards",),
+    ("rollout", "data"),
+    ("evaluation", "agentcap_envs"),
+    ("training",),
+    ("commands",),
+    ("cli",),
+    ("launcher",),
+)
+
+
+def folder_of(module: str) -> str | None:
+    """``agentcap.judges.rule`` → ``judges``; ``agentcap_envs.toy.movie`` → ``agentcap_envs``; the top
+    package ``agentcap`` itself is no folder (it only re-exports, lazily)."""
+    parts = module.split(".")
+    if parts[0] == "agentcap_envs":
+        return "agentcap_envs"
+    return parts[1] if len(parts) > 1 else None
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """(importer folder, imported folder) → the module imports behind that arrow."""
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for source, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = folder_of(source), folder_of(target)
+            if a is not None and b is not None and a != b:
+                arrows.setdefault((a, b), []).append(f"{source} -> {target}")
+    return arrows
+
+
+def upward(arrows: dict[tuple[str, str], list[str]]) -> list[str]:
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+    wrong = []
+    for (a, b), edges in sorted(arrows.items()):
+        if a not in layer or b not in layer:
+            wrong.append(f"{a} -> {b}: folder not in LAYERS (add it to tests/test_imports.py and docs/architecture.md)")
+        elif layer[b] >= layer[a]:
+            wrong += [f"{edge} (layer {layer[a]} {a} may not import layer {layer[b]} {b})" for edge in edges]
+    return wrong
+
+
+def test_every_folder_arrow_points_down() -> None:
+    arrows = folder_graph(import_graph())
+    assert not (wrong := upward(arrows)), "imports that point up the folder order:\n" + "\n".join(wrong)
+    assert len(arrows) > 40  # the graph was read, not empty
+
+
+def test_folder_rule_catches_a_planted_upward_import() -> None:
+    graph = {"agentcap.core.env": {"agentcap.training.module"}, "agentcap.training.module": {"agentcap.core.env"}}
+    assert upward(folder_graph(graph)) == [
+        "agentcap.core.env -> agentcap.training.module (layer 0 core may not import layer 8 training)"
+    ]
+
+
 def test_import_agentcap_is_light() -> None:
     heavy = ("torch", "transformers", "agentcap_envs")
     code = (
@@ -243,3 +306,27 @@ def test_lazy_reexports_resolve() -> None:
             except (AttributeError, ImportError) as error:
                 missing.append(f"{name}.{attr}: {error}")
     assert not missing, "lazy re-exports that do not resolve:\n" + "\n".join(missing)
+
+
+def _architecture_doc() -> str:
+    return (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
+def test_architecture_doc_states_the_folder_order() -> None:
+    text = _architecture_doc()
+    stated = text.split("<!-- layers: checked by tests/test_imports.py -->")[1].split("<!-- /layers -->")[0].strip()
+    assert stated == " → ".join(", ".join(layer) for layer in LAYERS)
+
+
+def test_architecture_doc_lists_every_folder_and_entry_point() -> None:
+    import tomllib
+
+    layout = _architecture_doc().split("## Where things live")[1].split("```")[1]
+    named = {line.split()[0] for line in layout.splitlines() if line.strip() and not line.startswith(" " * 6)}
+    folders = {
+        path.parent.name + "/" for package in PACKAGES for path in (ROOT / package).rglob("__init__.py")
+    } | {path.name for path in (ROOT / "agentcap").glob("*.py")}
+    assert not (missing := sorted(folders - named)), f"docs/architecture.md does not list {missing}"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    entry_points = [*project["scripts"].values(), *project["entry-points"]["gymnasium.envs"].values()]
+    assert all(f"`{target}`" in _architecture_doc() for target in entry_points), entry_points

@@ -13,7 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from agentcap.agents.tokenizer import build_word_tokenizer
 from agentcap.judges import build_examiner, build_temporal_examiner, pool
-from agentcap.judges.examiner import LLMExaminer, Question
+from agentcap.judges.examiner import LLMExaminer
+from agentcap.judges.questions import Question
 from agentcap.judges.temporal import LLMTemporalExaminer
 
 CAPTIONS = [

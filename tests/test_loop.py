@@ -12,18 +12,20 @@ import torch
 
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.algorithms.loop import normalize_by_type
-from agentcap.rewards.evidence import (
+from agentcap.judges.evidence import (
     ANSWER_LABEL,
     EVIDENCE_PREAMBLE,
     INITIAL_CAPTION_LABEL,
+    evidence_states,
+    serialize_evidence,
+)
+from agentcap.rewards.evidence import (
     ComposerUtilities,
     LoopConfig,
     captioner_utility,
     composer_utilities,
-    evidence_states,
     instruct_utility,
     sequential_differences,
-    serialize_evidence,
 )
 
 # A state-determined toy judge standing in for R_G (Eq. 3): every gold fact is a keyword; a fact

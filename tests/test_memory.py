@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agentcap.agents.agent import AgentConfig, build_agent, pad_right
-from agentcap.resume.loading import load_module
+from agentcap.training.loading import load_module
 from agentcap.training.optim import lr_factor, micro_batches
 
 STAGES = [

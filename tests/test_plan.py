@@ -248,9 +248,9 @@ def test_an_engine_without_sleep_mode_stays_awake_and_an_adapter_engine_keeps_it
 def test_the_plan_follows_the_modules_engine_policy_on_the_recipe(tmp_path):
     """plan_engines mirrors agentcap.training.engines without importing it: the same acting roles and
     the same sleep level for every engine that goes to sleep, stage by stage, on ACE-Cap."""
+    from agentcap.core.schedule import Stage
     from agentcap.rollout.splits import EnvConfig
     from agentcap.training import engines as runtime
-    from agentcap.training.schedule import Stage
 
     config = yaml.safe_load((ROOT / "configs" / "acecap.yaml").read_text())
     model = config["model"]

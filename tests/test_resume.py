@@ -152,7 +152,7 @@ def test_samples_written_after_the_checkpoint_are_dropped_on_resume(tmp_path):
 def test_a_setting_added_by_a_newer_agentcap_is_no_change_at_its_default(tmp_path):
     """config.yaml holds every setting; one it lacks came with a newer agentcap and must not refuse
     the resume while it sits at its default. A free-form key it lacks (an env kwarg) still counts."""
-    from agentcap.resume.guard import changed_keys
+    from agentcap.training.resume_guard import changed_keys
 
     saved = {"model": {"group_size": 4, "agents": {"policy": {"lr": 1e-3}}, "env": {"kwargs": {"budget": 2}}}}
     path = tmp_path / "config.yaml"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentcap.judges.examiner import Question, RuleExaminer
+from agentcap.judges.questions import Question
+from agentcap.judges.rule import RuleExaminer
 from agentcap.judges.temporal import RuleTemporalExaminer
 from agentcap.rewards.base import weighted_sum
 from agentcap.rewards.functional.cloze import (
@@ -16,7 +17,7 @@ from agentcap.rewards.functional.cloze import (
     event_temporal_reward,
     evidence_sufficiency,
     gold_to_prediction,
-    length_reward,
+    length_ramp_reward,
     temporal_iou,
 )
 
@@ -176,12 +177,12 @@ def test_length_reward_hand_computed():
     reference = "one two three four five six seven eight"  # 8 words: band 2, zero at 4 off
     captions = [" ".join(["w"] * n) for n in (8, 10, 6, 11, 12, 3, 20)]
     expected = [1.0, 1.0, 1.0, 0.5, 0.0, 0.0, 0.0]
-    assert length_reward(captions, [reference] * 7).tolist() == pytest.approx(expected)
-    assert length_reward(["a b", "a b c"], ["x y", "x y"], tolerance=0).tolist() == [1.0, 0.0]
+    assert length_ramp_reward(captions, [reference] * 7).tolist() == pytest.approx(expected)
+    assert length_ramp_reward(["a b", "a b c"], ["x y", "x y"], tolerance=0).tolist() == [1.0, 0.0]
     with pytest.raises(ValueError, match="reference 1 is empty"):
-        length_reward(["a", "b"], ["x", "  "])
+        length_ramp_reward(["a", "b"], ["x", "  "])
     with pytest.raises(ValueError, match="tolerance"):
-        length_reward(["a"], ["x"], tolerance=-0.1)
+        length_ramp_reward(["a"], ["x"], tolerance=-0.1)
 
 
 # --- Eq. 7 ------------------------------------------------------------------------------------------
@@ -208,7 +209,7 @@ def test_rewards_score_each_caption_of_a_batch_on_its_own():
     ectr = event_temporal_reward(["A beep from 1 to 3 s.", "A beep."], [anchors, anchors], RuleTemporalExaminer(0.5))
     assert ectr.tolist() == pytest.approx([1 / 3, 0.0])  # tIoU of [1, 3] and [2, 4]; no span stated
 
-    length = length_reward(["a b c d e f g h i j k", "a b c d e f g h"], ["1 2 3 4 5 6 7 8"] * 2, 0.25)
+    length = length_ramp_reward(["a b c d e f g h i j k", "a b c d e f g h"], ["1 2 3 4 5 6 7 8"] * 2, 0.25)
     assert length.tolist() == pytest.approx([0.5, 1.0])
 
 
@@ -219,7 +220,7 @@ def test_functional_rewards_are_float64_exact():
     locator = ScriptedLocator({("c", "e1"): (0.0, 0.3), ("c", "e2"): (0.0, 1.0)})
     ectr = event_temporal_reward(["c"], [[{"event": "e1", "start": 0, "end": 1}, {"event": "e2", "start": 0, "end": 1}]], locator)
     assert ectr.dtype == torch.float64 and ectr.item() == (0.3 + 1.0) / 2
-    length = length_reward(["a b c d e f g h i j k"], ["one two three four five six seven eight"])
+    length = length_ramp_reward(["a b c d e f g h i j k"], ["one two three four five six seven eight"])
     assert length.dtype == torch.float64
 
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from rouge_score import rouge_scorer
 
+from agentcap.judges.anti_copy import anti_copy_mask
 from agentcap.rewards.functional.read import (
     accuracy_reward,
-    anti_copy_mask,
     coherence_reward,
     extract_answer,
     format_reward,
-    length_reward,
+    length_window_reward,
 )
 from agentcap.rewards.read import READ_WEIGHTS, read_rewards
 
@@ -136,12 +136,12 @@ def test_length_reward_hand_computed():
         "w w w w w w",  # no answer tag → 0
         wrap(""),  # empty answer → 0 even though |0 − 2| ≤ 4 below
     ]
-    values = length_reward(responses, [gold] * 6 + ["a b"])
+    values = length_window_reward(responses, [gold] * 6 + ["a b"])
     assert values.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0]
-    assert length_reward([wrap("w " * 7)], [gold], tolerance=1).tolist() == [1.0]
-    assert length_reward([wrap("w " * 8)], [gold], tolerance=1).tolist() == [0.0]
+    assert length_window_reward([wrap("w " * 7)], [gold], tolerance=1).tolist() == [1.0]
+    assert length_window_reward([wrap("w " * 8)], [gold], tolerance=1).tolist() == [0.0]
     with pytest.raises(ValueError, match="tolerance"):
-        length_reward([wrap("a")], ["a"], tolerance=-1)
+        length_window_reward([wrap("a")], ["a"], tolerance=-1)
 
 
 # ---------------------------------------------------------------- Eq. 4 anti-copy mask
@@ -226,7 +226,7 @@ def test_components_score_each_response_of_a_batch_on_its_own():
     assert accuracy[1:].tolist() == accuracy_reward(answers[1:], golds[1:]).tolist()
 
     # Λ = 0: 6 vs 6 and 3 vs 3 words match, 1 vs 2 does not
-    length = length_reward([*answers, wrap("x")], ["w w w w w w", "w w w", "x y"], tolerance=0)
+    length = length_window_reward([*answers, wrap("x")], ["w w w w w w", "w w w", "x y"], tolerance=0)
     assert length.tolist() == [1.0, 1.0, 0.0]
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from agentcap.cli import main
-from agentcap.resume.guard import move_aside
 from agentcap.resume.run_dir import RunLock
+from agentcap.training.resume_guard import move_aside
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = [{"name": "sft", "kind": "sft", "agent": "policy", "steps": 1}]

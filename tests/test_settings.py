@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentcap.agents.agent import AgentConfig, build_agent
 from agentcap.agents.adapters import LoraSpec
+from agentcap.agents.agent import AgentConfig, build_agent
 from agentcap.agents.backends.base import VLLMOptions
 from agentcap.agents.sampling import RowSampler
 from agentcap.cli import main
+from agentcap.core.schedule import Schedule, Stage
 from agentcap.core.settings import ConfigError, check
 from agentcap.training import module as module_py
 from agentcap.training.module import SETTINGS, GRPOModule
-from agentcap.training.schedule import Schedule, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = {"toy": {"media": "features", "hidden_size": 8, "num_layers": 1, "num_heads": 1, "intermediate_size": 8}}

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from agentcap.core.schedule import Stage
 from agentcap.core.settings import ConfigError
 from agentcap.evaluation.benchmark import BenchmarkConfig, RuleJudge, evaluate_benchmark, read_benchmark, stage_metrics
 from agentcap.evaluation.items import read_eval_items
-from agentcap.resume.loading import trained_module
-from agentcap.training.schedule import Stage
+from agentcap.training.loading import trained_module
 
 ROOT = Path(__file__).resolve().parents[1]
 S1 = Stage(name="S1", kind="evaluate", split="test")

@@ -5,7 +5,7 @@
 
 Each process builds a Llama of the given dimensions (random weights), shards it with FSDP2 as
 ``grpo_fsdp`` does (``agentcap.parallel.sharding``), takes one AdamW step, then checkpoints its
-weights and optimiser state twice, as ``resume.hooks`` does:
+weights and optimiser state twice, as ``training.checkpoint_hooks`` does:
 
 - full: ``model_state`` / ``optimizer_state`` gathered into full tensors, ``torch.save`` on rank 0
   (what ``grpo_fsdp`` wrote before sharded checkpoints, ``save_distributed_checkpoint=False``);

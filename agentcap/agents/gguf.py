@@ -37,7 +37,7 @@ def resave(out: Path, source: Path | None = None, gguf_file: str = SMOLLM2_FILE,
     """Write the dense folder to ``out`` (skipped when it already holds one); returns ``out``."""
     if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
         return out
-    from agentcap.judges.examiner import load_causal_lm
+    from agentcap.agents.pretrained import load_causal_lm
 
     source = source or smollm2_folder()
     if not (source / gguf_file).is_file():

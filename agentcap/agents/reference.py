@@ -20,7 +20,7 @@ class Reference:
 
     Not an ``nn.Module``: on the GRPOModule it would be a submodule whose weights every checkpoint
     gathered and saved as module weights, beside the stage state that restores it
-    (``agentcap.resume.hooks``).
+    (``agentcap.training.checkpoint_hooks``).
 
     A sharded agent cannot be deep-copied: it brings ``mirror``, a frozen copy sharded alike when
     the agents were sharded (``agentcap.parallel.sharding.shard_agents``), which takes the policy's current

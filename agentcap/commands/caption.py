@@ -37,7 +37,7 @@ def caption_command(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from agentcap.core.manifests import NoUsableRows
     from agentcap.resume.checkpoints import latest_checkpoint
-    from agentcap.resume.loading import load_module
+    from agentcap.training.loading import load_module
 
     inputs = {"--config": args.config, "--manifest": args.manifest, "--checkpoint": args.checkpoint,
               "--audio file": args.audio}

@@ -95,8 +95,8 @@ def evaluate_command(argv: list[str]) -> int:
     from agentcap.evaluation.skipped import skipped_metrics
     from agentcap.evaluation.table import results_table
     from agentcap.evaluation.tasks import MissingReferenceError, check_references, task_metrics
-    from agentcap.resume.loading import env_config_of, trained_module
     from agentcap.rollout.driver import RolloutDriver
+    from agentcap.training.loading import env_config_of, trained_module
 
     if args.env and not (args.manifest and args.predictions):
         raise SystemExit("agentcap evaluate: --env needs --manifest and --predictions")
@@ -196,7 +196,11 @@ def benchmark_command(args: argparse.Namespace) -> int:
     import yaml
 
     from agentcap.evaluation.benchmark import (
-        benchmark_table, build_benchmark_judge, captioner_identity, evaluate_benchmark, parse_judge_spec,
+        benchmark_table,
+        build_benchmark_judge,
+        captioner_identity,
+        evaluate_benchmark,
+        parse_judge_spec,
         read_benchmark,
     )
     from agentcap.resume.checkpoints import TickCheckpoint
@@ -240,8 +244,8 @@ def caption_clips(config: str, checkpoint: str | None, clips: list[str]) -> dict
 
     from agentcap.commands.caption import caption_isolating
     from agentcap.core.manifests import ManifestError
-    from agentcap.resume.loading import trained_module
     from agentcap.rollout.driver import RolloutDriver
+    from agentcap.training.loading import trained_module
 
     module = trained_module(config, checkpoint)
     split = "test" if module.env_config.test else "val"

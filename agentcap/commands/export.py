@@ -89,7 +89,7 @@ def export_command(argv: list[str]) -> int:
     check_output("agentcap export", "--out", args.out, {"--config": args.config, "--checkpoint": args.checkpoint},
                  folder=True)
     from agentcap.resume.checkpoints import TickCheckpoint, read_checkpoint, usable_checkpoint
-    from agentcap.resume.loading import load_module
+    from agentcap.training.loading import load_module
 
     module = load_module(args.config, None, "agentcap export")
     checkpoint = args.checkpoint or TickCheckpoint.path(module.run_dir)

@@ -33,16 +33,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from agentcap.agents.pretrained import load_causal_lm
 from agentcap.core.manifests import resolve
-from agentcap.judges.examiner import (
-    BLANK,
-    LETTERS,
-    NOT_GIVEN,
-    CausalLMJudge,
-    load_causal_lm,
-    question_problems,
-    sentences,
-)
+from agentcap.judges.causal_lm import CausalLMJudge
+from agentcap.judges.questions import BLANK, LETTERS, NOT_GIVEN, question_problems, sentences
 from agentcap.judges.served import JudgeUnavailable, ServedClient
 
 #: The toy soundscape world's attribute classes (agentcap_envs.toy.soundscapes); ``type`` names the

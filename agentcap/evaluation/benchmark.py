@@ -33,7 +33,8 @@ import torch
 from agentcap.core.manifests import read_manifest, resolve
 from agentcap.core.settings import ConfigError, check
 from agentcap.data.benchmark_rows import LETTERS, check_benchmark_row
-from agentcap.judges.examiner import CausalLMJudge, sentences
+from agentcap.judges.causal_lm import CausalLMJudge
+from agentcap.judges.questions import sentences
 from agentcap.judges.served import ServedClient, letter_token_ids, served_judge_client
 
 #: Changes whenever :data:`INSTRUCTION` or :func:`judge_prompt` changes; part of every answer's cache key.

@@ -25,7 +25,7 @@ from typing import Any
 
 from agentcap.evaluation.captioning import CaptionMetrics
 from agentcap.evaluation.retrieval import recall_at_k
-from agentcap.judges.examiner import question_bank
+from agentcap.judges.questions import question_bank
 from agentcap.rewards.functional.cloze import answer_scores, event_temporal_reward
 
 #: READ's two retrieval settings, (k, N).

@@ -1,11 +1,14 @@
-"""Frozen judges: cloze / MCQ examiners, temporal examiners and the READ coherence scorer."""
+"""Frozen judges: cloze / MCQ questions and examiners, temporal examiners, the READ coherence scorer,
+ACE-Cap's evidence format, served judges and the judge pool."""
 
 from agentcap._lazy import lazy_exports
 
 # resolved on first use: see agentcap._lazy
 EXPORTS = {
     "CoherenceScorer": "agentcap.judges.coherence",
-    **dict.fromkeys(["Examiner", "LLMExaminer", "Question", "RuleExaminer"], "agentcap.judges.examiner"),
+    **dict.fromkeys(["Examiner", "LLMExaminer"], "agentcap.judges.examiner"),
+    "Question": "agentcap.judges.questions",
+    "RuleExaminer": "agentcap.judges.rule",
     "causal_lm": "agentcap.judges.pool",
     **dict.fromkeys(["LLMTemporalExaminer", "RuleTemporalExaminer", "TemporalExaminer", "parse_intervals"],
                     "agentcap.judges.temporal"),

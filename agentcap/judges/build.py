@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from agentcap.agents.hub import resolve_model
-from agentcap.judges.examiner import Examiner, LLMExaminer, RuleExaminer
+from agentcap.judges.examiner import Examiner, LLMExaminer
 from agentcap.judges.pool import causal_lm
+from agentcap.judges.rule import RuleExaminer
 from agentcap.judges.served import (
     ServedExaminer,
     ServedTemporalExaminer,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from agentcap.rewards.functional.read import anti_copy_mask
+from agentcap.judges.anti_copy import anti_copy_mask
 
 #: Separator after each context AD; the response follows the last one.
 CONTEXT_SEPARATOR = "\n"

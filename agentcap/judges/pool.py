@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from agentcap.judges.examiner import load_causal_lm
+from agentcap.agents.pretrained import load_causal_lm
 from agentcap.parallel import loading
 from agentcap.parallel.distributed import world
 from agentcap.parallel.sharding import is_sharded, shard_judge

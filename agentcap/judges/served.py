@@ -26,7 +26,8 @@ import httpx
 import torch
 
 from agentcap.judges.coherence import CoherenceScorer
-from agentcap.judges.examiner import LETTERS, Question, _check_pairs, distinct_pairs, letters_question
+from agentcap.judges.examiner import letters_question
+from agentcap.judges.questions import LETTERS, Question, check_pairs, distinct_pairs
 from agentcap.judges.temporal import AnswerTemporalExaminer, temporal_question
 from agentcap.parallel import signals
 
@@ -173,7 +174,7 @@ class _LetterExaminer:
 
     def letter_logits(self, captions: Sequence[str], questions: Sequence[Question]) -> torch.Tensor:
         """[N, 5] log-probs of A–E per pair (identical pairs asked once)."""
-        _check_pairs(captions, questions, "questions")
+        check_pairs(captions, questions, "questions")
         if not captions:
             return torch.zeros((0, 5))
         pairs, inverse = distinct_pairs(captions, questions)

@@ -19,7 +19,9 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from agentcap.judges.examiner import CausalLMJudge, _check_pairs, _unique, load_causal_lm, sentences
+from agentcap.agents.pretrained import load_causal_lm
+from agentcap.judges.causal_lm import CausalLMJudge
+from agentcap.judges.questions import check_pairs, sentences, unique
 
 Interval = tuple[float, float]
 
@@ -188,7 +190,7 @@ class RuleTemporalExaminer:
         self.half_width = half_width
 
     def locate(self, captions: Sequence[str], events: Sequence[str]) -> list[Interval | None]:
-        _check_pairs(captions, events, "events")
+        check_pairs(captions, events, "events")
         return [self.locate_one(c, e) for c, e in zip(captions, events)]
 
     def locate_one(self, caption: str, event: str, bare_numbers: bool = False) -> Interval | None:
@@ -241,8 +243,8 @@ class AnswerTemporalExaminer:
         return widen((stated[0].start, stated[0].end), self.half_width)
 
     def locate(self, captions: Sequence[str], events: Sequence[str]) -> list[Interval | None]:
-        _check_pairs(captions, events, "events")
-        distinct, inverse = _unique(list(zip(captions, events)))  # none: a sharded judge still takes part
+        check_pairs(captions, events, "events")
+        distinct, inverse = unique(list(zip(captions, events)))  # none: a sharded judge still takes part
         located = [self.read_answer(a, c, e) for a, (c, e) in zip(self._answers(distinct), distinct)]
         return [located[i] for i in inverse]
 

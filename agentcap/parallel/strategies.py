@@ -58,7 +58,7 @@ class GRPOFSDPStrategy(ModelParallelStrategy):
 
     @property
     def sharded_checkpoints(self) -> bool:
-        """Whether checkpoints are folders of shards (read by ``resume.hooks`` to keep its state sharded)."""
+        """Whether checkpoints are folders of shards (read by ``training.checkpoint_hooks`` to keep its state sharded)."""
         return self._save_distributed_checkpoint
 
     def setup_environment(self) -> None:
@@ -69,7 +69,7 @@ class GRPOFSDPStrategy(ModelParallelStrategy):
         super().setup_environment()
 
     def optimizer_state(self, optimizer):
-        # the module checkpoints its own per-stage optimiser (resume.hooks); gathering it again
+        # the module checkpoints its own per-stage optimiser (training.checkpoint_hooks); gathering it again
         # for Lightning's copy would be a wasted collective
         return {}
 

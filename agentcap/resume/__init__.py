@@ -1,2 +1,3 @@
-"""How a run resumes: the config guard of a run_dir, tick checkpoints (written, rotated, found again),
-what a checkpoint adds to the weights, and loading a trained run for the commands."""
+"""A run's files on disk, as resuming reads them: the run folder's lock, tick checkpoints (one file,
+or DCP shards one per rank: written, rotated, found again) and the recorded config. Nothing here
+knows the module: its checkpoint hooks live with it (``training.checkpoint_hooks``)."""

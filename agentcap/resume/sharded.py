@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
+from agentcap.resume import entries
+
 #: Lightning's name for the non-tensor part of a sharded checkpoint (``lightning.fabric.utilities.load``).
 META = "meta.pt"
 #: DCP's own index of the shards: every tensor's chunks, and the file, offset and length of each.
 INDEX = ".metadata"
-#: The entries of the module's extra state (``resume.hooks``) that are sharded like the weights.
-SHARDED_ENTRIES = ("optimizer", "reference")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Shards:
         import torch.distributed.checkpoint as dcp
 
         tensors = _tensors(template)
-        dcp.load({"agentcap": {self.entry: tensors}}, checkpoint_id=self.folder)
+        dcp.load({entries.ENTRY: {self.entry: tensors}}, checkpoint_id=self.folder)
         return _merge(self.skeleton, tensors)
 
 
@@ -59,14 +59,14 @@ def save(checkpoint: dict[str, Any], folder: Path, rank_zero: bool) -> None:
 
     rest = dict(checkpoint)
     weights, rest["state_dict"] = _tensors(rest["state_dict"]), _skeleton(rest["state_dict"])
-    extra = dict(rest.get("agentcap") or {})
+    extra = dict(rest.get(entries.ENTRY) or {})
     shards: dict[str, Any] = {}
-    for entry in SHARDED_ENTRIES:
+    for entry in entries.SHARDED:
         if extra.get(entry) is not None:
             shards[entry], extra[entry] = _tensors(extra[entry]), {"sharded": _skeleton(extra[entry])}
-    if "agentcap" in rest:
-        rest["agentcap"] = extra
-    dcp.save({"state_dict": weights, "agentcap": shards}, checkpoint_id=str(folder))
+    if entries.ENTRY in rest:
+        rest[entries.ENTRY] = extra
+    dcp.save({"state_dict": weights, entries.ENTRY: shards}, checkpoint_id=str(folder))
     if rank_zero:
         torch.save(rest, folder / META)
 
@@ -84,9 +84,9 @@ def load(folder: Path, module: torch.nn.Module, strict: bool = True) -> dict[str
     dcp.load({"state_dict": tensors}, checkpoint_id=str(folder))
     # the module's own load_state_dict, as for a file: its hooks (a LoRA agent's adapters-only state) apply
     module.load_state_dict(_merge(rest.pop("state_dict", {}), tensors), strict=strict)
-    extra = rest.get("agentcap") or {}
+    extra = rest.get(entries.ENTRY) or {}
     real = os.path.realpath(folder)  # `last.ckpt` moves on with the next save; this checkpoint does not
-    for entry in SHARDED_ENTRIES:
+    for entry in entries.SHARDED:
         if isinstance(extra.get(entry), dict) and "sharded" in extra[entry]:
             extra[entry] = Shards(real, entry, extra[entry]["sharded"])
     return rest
@@ -111,10 +111,10 @@ def read_full(folder: str | os.PathLike) -> dict[str, Any]:
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(tensors, checkpoint_id=str(folder), no_dist=True)
     rest["state_dict"] = _merge(rest.get("state_dict", {}), tensors.get("state_dict", {}))
-    extra = rest.get("agentcap") or {}
-    for entry in SHARDED_ENTRIES:
+    extra = rest.get(entries.ENTRY) or {}
+    for entry in entries.SHARDED:
         if isinstance(extra.get(entry), dict) and "sharded" in extra[entry]:
-            extra[entry] = _merge(extra[entry]["sharded"], tensors.get("agentcap", {}).get(entry, {}))
+            extra[entry] = _merge(extra[entry]["sharded"], tensors.get(entries.ENTRY, {}).get(entry, {}))
     return rest
 
 
@@ -130,7 +130,7 @@ def problem(folder: str | os.PathLike) -> str | None:
         rest = torch.load(folder / META, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # truncated zip, garbage bytes, a refused global
         return f"{META}: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    if not isinstance(rest, dict) or "agentcap" not in rest:
+    if not isinstance(rest, dict) or entries.ENTRY not in rest:
         return f"{META} is not an agentcap checkpoint (no 'agentcap')"
     try:
         index = safe_index(folder)

@@ -1,5 +1,5 @@
 """Rewards: per-sample functions (``agentcap.rewards.functional``), their weighted composition
-(``base``), their synced means (``metric``: a torchmetrics ``Metric``), READ's reward (``read``) and ACE-Cap's evidence utilities (``evidence``)."""
+(``base``), their synced means (``metric``: a torchmetrics ``Metric``), READ's reward (``read``) and ACE-Cap's raw utilities (``evidence``)."""
 
 from agentcap._lazy import lazy_exports
 

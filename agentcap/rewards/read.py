@@ -25,7 +25,7 @@ from agentcap.rewards.functional.read import (
     coherence_reward,
     extract_answer,
     format_reward,
-    length_reward,
+    length_window_reward,
 )
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def read_rewards(
     components = {
         "accuracy": accuracy,
         "format": format_reward(responses),
-        "length": length_reward(responses, references, tolerance=tolerance),
+        "length": length_window_reward(responses, references, tolerance=tolerance),
     }
     coherence_scores = torch.full((n,), float("nan"), dtype=torch.float64)
     if scorer is not None:

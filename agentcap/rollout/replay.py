@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from agentcap.core.schedule import Stage
 from agentcap.parallel.distributed import gather_objects, share, world
 from agentcap.rollout.splits import Splits
-from agentcap.training.schedule import Stage
 
 
 class Replay:

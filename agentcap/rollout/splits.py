@@ -18,9 +18,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from agentcap.agents.agent import Agent
 from agentcap.core.registry import check_env_id, make_env
+from agentcap.core.schedule import Stage
 from agentcap.parallel.distributed import world
 from agentcap.rollout.driver import RolloutDriver
-from agentcap.training.schedule import Stage
 
 
 @dataclass

@@ -1,2 +1,3 @@
-"""How a stage trains: ``GRPOModule`` and its schedule, the trainable agent's optimiser, old
-log-probs, and what each step logs."""
+"""How a run trains: ``GRPOModule`` (the algorithm) and the rooms it calls: its checkpoint and
+evaluation hooks, the trainable agent's optimiser, old log-probs, engines per stage, what each step
+logs, callbacks; loading a trained run and the config guard of a resumed one."""

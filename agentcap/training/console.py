@@ -42,7 +42,7 @@ class StageProgressBar(RichProgressBar):
     stage's step of its steps, the current stage's metrics only, and the run's time left estimated
     from the schedule's remaining ticks (each stage at the seconds per tick measured for it, or for
     its kind, or for the run so far). Evaluation stages get a bar of their items
-    (:meth:`evaluation_progress`, called by ``agentcap.evaluation.hooks``)."""
+    (:meth:`evaluation_progress`, called by ``agentcap.training.evaluation_hooks``)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -32,8 +32,8 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 from agentcap.core.registry import load_env_plugins
+from agentcap.core.schedule import Stage
 from agentcap.rollout.splits import EnvConfig
-from agentcap.training.schedule import Stage
 
 
 def env_class(env_id: str):

@@ -28,14 +28,14 @@ The rooms it calls: ``rollout.splits`` (environments, drivers, item order), ``ro
 (harvested Instruct items), ``rollout.pipeline`` (rollouts sampled ahead of the update,
 ``max_staleness``), ``training.optim`` (the trainable agent's optimiser), ``agents.reference`` (π_ref),
 ``training.logs`` (global metrics, samples), ``parallel`` (ranks);
-its evaluation hooks come from ``evaluation.hooks`` and its checkpoint hooks from ``resume.hooks``.
+its evaluation hooks (``training.evaluation_hooks``) and checkpoint hooks (``training.checkpoint_hooks``)
+live beside it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -46,26 +46,26 @@ from torch.utils.data import DataLoader, IterableDataset
 from agentcap.agents.agent import Agent, AgentConfig, build_agents
 from agentcap.agents.reference import kl_reference
 from agentcap.agents.tokens import pad_right
-from agentcap.algorithms.grpo import clipped_objective, token_weights
-from agentcap.algorithms.loop import normalize_by_type
-from agentcap.algorithms.offpolicy import effective_tis_cap, sampler_gap, truncated_importance_weights
+from agentcap.algorithms.grpo import token_weights
+from agentcap.algorithms.offpolicy import effective_tis_cap
+from agentcap.core.schedule import Schedule, Stage
 from agentcap.core.settings import ConfigError, check
 from agentcap.evaluation.benchmark import BenchmarkConfig
-from agentcap.evaluation.hooks import EvaluationHooks
 from agentcap.evaluation.tasks import reference_field
 from agentcap.judges.pool import shard_judges
 from agentcap.parallel import distributed
 from agentcap.parallel.sharding import is_sharded, load_model_state, load_optimizer_state, mixed_precision, shard_agents
+from agentcap.resume import entries
 from agentcap.resume.checkpoints import TickCheckpoint
-from agentcap.resume.hooks import ResumeHooks
 from agentcap.rollout.driver import RolloutBatch, Span
 from agentcap.rollout.pipeline import RolloutPipeline
 from agentcap.rollout.replay import Replay
 from agentcap.rollout.splits import EnvConfig, Splits
 from agentcap.training import engines
 from agentcap.training.callbacks import EvaluationStops, ResultsTable, SampleTable, TickStep
+from agentcap.training.checkpoint_hooks import CheckpointHooks
+from agentcap.training.evaluation_hooks import EvaluationHooks
 from agentcap.training.logs import StepClock, emit, rollout_metrics, sample_rows, update_metrics
-from agentcap.training.old_policy import fill_old_logprobs, old_or_current
 from agentcap.training.optim import (
     aligned_micro_batches,
     build_optimizer,
@@ -74,7 +74,7 @@ from agentcap.training.optim import (
     optimizer_step,
     show_to_lightning,
 )
-from agentcap.training.schedule import Schedule, Stage
+from agentcap.training.update import UpdateSettings, set_advantages, update
 
 __all__ = ["EnvConfig", "GRPOModule"]
 
@@ -102,7 +102,7 @@ class _Ticks(IterableDataset):
         return self.module.schedule.total - self.module.tick
 
 
-class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
+class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
     """Trains the agents of one environment through a schedule of stages (see module docstring).
 
     Args:
@@ -141,7 +141,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
             step max(0, s − K) while earlier steps update (``agentcap.rollout.pipeline``,
             ``docs/async.md``); 0 (default) samples each step with its own weights.
         benchmark: every greedy ``evaluate`` stage also reports caption-as-evidence accuracy on this
-            benchmark (``{path, judge}``; ``agentcap.evaluation.hooks.stage_benchmark``).
+            benchmark (``{path, judge}``; ``agentcap.training.evaluation_hooks.stage_benchmark``).
     """
 
     def __init__(
@@ -257,7 +257,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         return DataLoader(_Ticks(self), batch_size=None)
 
     # `agentcap validate / test` evaluate a split once; `agentcap predict` captions the test split
-    # (the hooks: ``agentcap.evaluation.hooks``).
+    # (the hooks: ``agentcap.training.evaluation_hooks``).
     def val_dataloader(self) -> DataLoader:
         return DataLoader([0], batch_size=None)
 
@@ -302,18 +302,18 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
                 self._reference = kl_reference(agent, self._mirrors.get(agent.name))
         restored = self.restored_for(index)
         if restored is not None:
-            if self._optimizer is not None and restored.get("optimizer"):
-                load_optimizer_state(trainable[0], self._optimizer, restored["optimizer"])
-            if self._scheduler is not None and restored.get("scheduler"):
-                self._scheduler.load_state_dict(restored["scheduler"])
-            if self._reference is not None and restored.get("reference"):
-                load_model_state(self._reference.model, restored["reference"])
+            if self._optimizer is not None and restored.get(entries.OPTIMIZER):
+                load_optimizer_state(trainable[0], self._optimizer, restored[entries.OPTIMIZER])
+            if self._scheduler is not None and restored.get(entries.SCHEDULER):
+                self._scheduler.load_state_dict(restored[entries.SCHEDULER])
+            if self._reference is not None and restored.get(entries.REFERENCE):
+                load_model_state(self._reference.model, restored[entries.REFERENCE])
         show_to_lightning(self._trainer, self._optimizer, self._scheduler, stage.agent)
         self._stage_index = index
         with_grad = {a.name for a in self.agents.values() if a.trainable_parameters()}
         assert len(with_grad) <= 1, f"several agents have gradients: {sorted(with_grad)}"
         if stage.harvest is not None:
-            saved = None if restored is None else restored.get("replay")
+            saved = None if restored is None else restored.get(entries.REPLAY)
             harvested = self.replay.begin(stage, index, self.tick, saved)
             if harvested is not None:
                 self._emit({"harvest/items": float(harvested)})
@@ -338,13 +338,7 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
                                               lambda later: self._rollout(stage, later, start + later))
         clock.mark("rollout")
         spans = batch.spans_of(agent.name)
-        # advantages: group-normalised utilities per (group, kind) — READ Eq. 1 / LOOP Eq. 17
-        advantages = normalize_by_type(
-            [s.utility for s in spans], [s.kind for s in spans], [s.group for s in spans], self.eps_norm,
-            std=self.advantage_std,
-        )
-        for span, advantage in zip(spans, advantages.tolist()):
-            span.advantage = advantage
+        set_advantages(spans, self.eps_norm, self.advantage_std)  # READ Eq. 1 / LOOP Eq. 17, per (group, kind)
         stats = self.update(agent, spans, [(batch.trajectory_ids[s.trajectory], s.action_index) for s in spans])
         clock.mark("update")
         metrics = {**rollout_metrics(batch, spans, agent.name, self.group_size), **update_metrics(stats, agent.name)}
@@ -385,65 +379,18 @@ class GRPOModule(EvaluationHooks, ResumeHooks, L.LightningModule):
         logged.update(new)
         return {f"data/{split}/skipped_rows": float(n) for split, n in new.items()}
 
+    @property
+    def update_settings(self) -> UpdateSettings:
+        """The update's share of the settings, read from the module's own attributes at each step."""
+        return UpdateSettings(self.minibatch_size, self.micro_batch_size, self.ppo_epochs, self.clip_eps,
+                              self.clip_eps_high, self.beta, self.loss_aggregation, self.max_grad_norm, self.tis_cap,
+                              self.seed)
+
     def update(self, agent: Agent, spans: Sequence[Span], keys: Sequence[tuple[int, int]]) -> dict[str, float]:
-        """``ppo_epochs`` passes of clipped updates; each minibatch is drawn over every rank's spans
-        (``keys`` name this rank's globally) and its loss normalised globally."""
-        sums: dict[str, float] = defaultdict(float)
-        n_updates = 0
-        epochs = [
-            distributed.global_minibatches(keys, self.minibatch_size, seed=(self.seed, self.tick, epoch))
-            for epoch in range(self.ppo_epochs)
-        ]
-        # off-policy steps need old log-probs; the first minibatch is on-policy (agentcap.training.old_policy)
-        fill_old_logprobs(agent, spans, set(epochs[0][0]) if epochs and epochs[0] else set(), self.minibatch_size)
-        for chunks in epochs:
-            for chunk in chunks:
-                stats = self._policy_step(agent, [spans[i] for i in chunk], stand_in=spans[:1])
-                for k, v in stats.items():
-                    sums[k] += v
-                n_updates += 1
-        return {k: v / max(n_updates, 1) for k, v in sums.items()}
-
-    def _policy_step(self, agent: Agent, rows: Sequence[Span], stand_in: Sequence[Span] = ()) -> dict[str, float]:
-        assert self._optimizer is not None
-        local = float(sum(r.completion_ids.numel() for r in rows)) if self.loss_aggregation == "token" else float(len(rows))
-        norm = distributed.global_sums([local], self.device)[0]
-        stats: dict[str, float] = defaultdict(float)
-        # weighted sums: they add up (a sharded rank short of passes runs stand-ins at scale 0)
-        for micro, scale in aligned_micro_batches(agent, rows, self.micro_batch_size, stand_in):
-            for k, v in self._policy_loss(agent, micro, norm, scale).items():
-                stats[k] = max(stats[k], v) if k == "sampler_gap_max" else stats[k] + v
-        stats["grad_norm"] = optimizer_step(agent, self._optimizer, self.max_grad_norm, self._where(), stats.get("loss"))
-        return dict(stats)
-
-    def _policy_loss(self, agent: Agent, rows: Sequence[Span], norm: float, scale: float = 1.0) -> dict[str, float]:
-        """Forward and backward of the clipped objective on ``rows``, weighted by the step's ``norm``
-        (``scale`` 0: a sharded rank's stand-in pass, which contributes nothing)."""
-        inputs = agent.encode([r.observation for r in rows])
-        pad = agent.tokenizer.pad_token_id
-        completion, mask = pad_right([r.completion_ids for r in rows], pad, self.device)
-        advantages = torch.tensor([r.advantage for r in rows], device=self.device)
-        logprobs, entropy = agent.completion_logprobs(inputs, completion, mask, with_entropy=True)
-        old = old_or_current(rows, logprobs)
-        ref = None if self._reference is None else self._reference.completion_logprobs(agent, inputs, completion, mask)
-        weights = token_weights(mask, normalizer=norm, mode=self.loss_aggregation, dtype=logprobs.dtype) * scale
-        sampler, _ = pad_right([r.old_logprobs if r.sampler_logprobs is None else r.sampler_logprobs for r in rows],
-                               0, self.device)
-        tis = None if self.tis_cap is None else truncated_importance_weights(old, sampler, mask, self.tis_cap)
-        out = clipped_objective(
-            logprobs, old, advantages, mask, self.clip_eps, self.clip_eps_high, self.beta, ref, weights,
-            importance_weights=tis,
-        )
-        self.manual_backward(out["loss"])
-        if not scale:
-            return {}
-        stats = {k: float(v.detach()) for k, v in out.items()}
-        gap = sampler_gap(old, sampler, mask)  # mean: token-weighted over micro-batches, like the loss terms
-        stats["sampler_gap_mean"] = gap["sampler_gap_mean"] * float(mask.sum()) / max(norm, 1.0) \
-            if self.loss_aggregation == "token" else gap["sampler_gap_mean"] * len(rows) / max(norm, 1.0)
-        stats["sampler_gap_max"] = gap["sampler_gap_max"]
-        stats["entropy"] = float((entropy.detach() * weights).sum())
-        return stats
+        """The clipped updates of one rollout batch (``agentcap.training.update``, also what the benchmarks,
+        the GPU check and the tests run); ``keys`` name this rank's spans globally."""
+        return update(agent, spans, keys, self.update_settings, self._optimizer, tick=self.tick, device=self.device,
+                      reference=self._reference, backward=self.manual_backward, where=self._where())
 
     # --- SFT ----------------------------------------------------------------------------------
     def sft_step(self, stage: Stage, step: int) -> None:

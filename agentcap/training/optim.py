@@ -92,7 +92,7 @@ def show_to_lightning(trainer: Any, optimizer: torch.optim.Optimizer | None, sch
     """Make the stage's optimiser and lr schedule the trainer's (``trainer.optimizers``,
     ``trainer.lr_scheduler_configs``; none for an evaluation), where Lightning's callbacks look for
     them: ``LearningRateMonitor`` logs ``lr-<agent>``. Under manual optimisation Lightning steps
-    neither; the module does, and checkpoints them itself (``resume.hooks``)."""
+    neither; the module does, and checkpoints them itself (``training.checkpoint_hooks``)."""
     if trainer is None:
         return
     trainer.strategy.optimizers = [] if optimizer is None else [optimizer]

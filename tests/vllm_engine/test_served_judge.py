@@ -9,7 +9,7 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 from agentcap.judges import build_examiner  # noqa: E402
-from agentcap.judges.examiner import LETTERS, Question  # noqa: E402
+from agentcap.judges.questions import LETTERS, Question  # noqa: E402
 from agentcap.judges.served import ServedClient, ServedCoherenceScorer  # noqa: E402
 
 NAME = "smollm2-judge"  # the --served-model-name of conftest.py's `server`

@@ -47,9 +47,9 @@ class Backend(Protocol):
         the sampler's log-probs (``None`` when the sampler is the learner itself); ``seeds``, one per
         row, make each row's sample independent of its batch and rank."""
 
-    #: The learner's weights changed since the sampler last took them (an optimiser step, a loaded
-    #: checkpoint); a sampler with weights of its own syncs before it next samples.
-    stale: bool
+    def weights_changed(self) -> None:
+        """The learner's weights changed (an optimiser step, a loaded checkpoint): a sampler with
+        weights of its own syncs before it next samples; one that reads the learner's does nothing."""
 
     def sync(self) -> None:
         """Bring the sampler's weights up to the learner's."""

@@ -18,7 +18,9 @@ class HFBackend:
 
     def __init__(self, agent):
         self.agent = agent
-        self.stale = False  # never read: the sampler is the learner
+
+    def weights_changed(self) -> None:
+        """Nothing to do: the sampler is the learner."""
 
     @torch.no_grad()
     def sample(

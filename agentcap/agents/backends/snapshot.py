@@ -62,7 +62,6 @@ class SnapshotBackend:
         self.agent = agent
         self.hf = HFBackend(agent)
         self.names = list(names)  # the learner's trainable tensors, which :meth:`load` replaces
-        self.stale = False  # never read: the copy changes only through `load`
         self.version: int | None = None  # the learner's step whose weights the copy holds
 
     @staticmethod
@@ -100,6 +99,8 @@ class SnapshotBackend:
     def sync(self) -> None:
         """The copy follows the learner through :meth:`load` only (between generations)."""
 
+    weights_changed = sync
+
 
 class EngineSnapshot:
     """The learner's vLLM engine as the rollout thread drives it: each batch's snapshot goes in
@@ -108,7 +109,6 @@ class EngineSnapshot:
     def __init__(self, agent, engine: VLLMBackend):
         self.agent = agent  # the stand-in: its own tokenizer
         self.engine = engine
-        self.stale = False  # never read: the engine changes only through `load` while the pipeline runs
         self.version: int | None = None
 
     def snapshot(self, learner) -> dict[str, Any]:
@@ -130,3 +130,5 @@ class EngineSnapshot:
 
     def sync(self) -> None:
         """The engine follows the learner through :meth:`load` only (between generations)."""
+
+    weights_changed = sync

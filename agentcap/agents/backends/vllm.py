@@ -165,6 +165,10 @@ class VLLMBackend:
     def built(self) -> bool:
         return self._llm is not None
 
+    def weights_changed(self) -> None:
+        """The learner moved on: the next use syncs (lazily, so a stage of SFT steps costs one sync)."""
+        self.stale = True
+
     def sleep(self, level: int) -> int:
         """Free the engine's device memory until its next use; returns the level it sleeps at (0:
         it stays awake: not built yet, or sleep mode off; an engine already asleep keeps its level).

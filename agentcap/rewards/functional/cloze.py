@@ -6,7 +6,7 @@ one call and every (caption, event) pair to the temporal examiner in one call, s
 runs one forward pass per batch of queries, and identical queries (the G rollouts of an item often
 repeat a caption) are asked once.
 
-Departure from the paper: AudioMap does not define R_len. :func:`length_reward` is our choice,
+Departure from the paper: AudioMap does not define R_len. :func:`length_ramp_reward` is our choice,
 documented there.
 """
 
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from agentcap.judges.examiner import LETTERS, Examiner, Question
+from agentcap.judges.examiner import Examiner
+from agentcap.judges.questions import LETTERS, Question
 from agentcap.judges.temporal import TemporalExaminer
 
 #: AudioMap's r_pos, r_abs, r_neg (Eq. 3); ACE-Cap Eq. 2 uses the same 1 / −0.5 / −1.
@@ -167,7 +168,7 @@ def word_count(text: str) -> int:
     return len(text.split())
 
 
-def length_reward(captions: Sequence[str], references: Sequence[str], tolerance: float = 0.25) -> torch.Tensor:
+def length_ramp_reward(captions: Sequence[str], references: Sequence[str], tolerance: float = 0.25) -> torch.Tensor:
     """R_len — our choice, since AudioMap does not define it (a departure, not the paper's formula).
 
     With d = |wc(y) − wc(ref)| and a = tolerance · wc(ref) (wc = whitespace word count): 1 when

@@ -98,7 +98,7 @@ def format_reward(responses: Sequence[str]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
-def length_reward(responses: Sequence[str], references: Sequence[str], tolerance: int = 4) -> torch.Tensor:
+def length_window_reward(responses: Sequence[str], references: Sequence[str], tolerance: int = 4) -> torch.Tensor:
     """R_len: 1 iff |wc(answer) − wc(gold)| ≤ Λ (``tolerance``), wc = whitespace word count. [N]"""
     _check_pairs(responses, references)
     if tolerance < 0:
@@ -109,23 +109,6 @@ def length_reward(responses: Sequence[str], references: Sequence[str], tolerance
         ok = bool(answer) and abs(len(answer.split()) - len(reference.split())) <= tolerance
         values.append(1.0 if ok else 0.0)
     return torch.tensor(values, dtype=torch.float64)
-
-
-def anti_copy_mask(response_ids: Sequence[int], context_ids: Sequence[int], n: int = 3) -> list[int]:
-    """m_t of Eq. 4: 0 for a response token inside any response n-gram that also occurs in the context.
-
-    READ uses n = 3 or 4. A response shorter than ``n`` keeps every token.
-    """
-    if n < 1:
-        raise ValueError(f"n-gram size must be >= 1, got {n}")
-    response = [int(t) for t in response_ids]
-    context = [int(t) for t in context_ids]
-    context_ngrams = {tuple(context[i : i + n]) for i in range(len(context) - n + 1)}
-    mask = [1] * len(response)
-    for start in range(len(response) - n + 1):
-        if tuple(response[start : start + n]) in context_ngrams:
-            mask[start : start + n] = [0] * n
-    return mask
 
 
 def coherence_reward(

@@ -20,8 +20,14 @@ from typing import Any
 import torch
 
 from agentcap.core.manifests import ManifestError, resolve
+from agentcap.core.schedule import Stage
 from agentcap.evaluation.benchmark import (
-    build_benchmark_judge, cache_key, evaluate_benchmark, parse_judge_spec, read_benchmark, stage_metrics,
+    build_benchmark_judge,
+    cache_key,
+    evaluate_benchmark,
+    parse_judge_spec,
+    read_benchmark,
+    stage_metrics,
 )
 from agentcap.evaluation.captioning import CaptionMetrics, warn
 from agentcap.evaluation.items import write_eval_items
@@ -30,7 +36,6 @@ from agentcap.evaluation.rollouts import evaluate_rollouts, write_summary
 from agentcap.evaluation.tasks import caption_text
 from agentcap.parallel import distributed
 from agentcap.training.logs import emit, log_captions
-from agentcap.training.schedule import Stage
 
 
 class EvaluationHooks:
