@@ -14,6 +14,7 @@ import torch
 from agentcap.agents.agent import AgentConfig, build_agent, pad_right
 from agentcap.training.loading import load_module
 from agentcap.training.optim import lr_factor, micro_batches
+from agentcap.training.update import policy_step
 
 STAGES = [
     {"name": "sft", "kind": "sft", "agent": "policy", "steps": 2},
@@ -60,7 +61,8 @@ def test_micro_batches_1x8_equal_8x1_in_loss_grads_and_weights(tmp_path, toy_mov
             return step(*args, **kwargs)
 
         module._optimizer.step = record_then_step
-        stats = module._policy_step(agent, spans)
+        stats = policy_step(agent, spans, module.update_settings, module._optimizer, device=module.device,
+                            reference=module._reference, backward=module.manual_backward)  # GRPOModule.update's step
         results.append((stats, grads, {k: v.clone() for k, v in agent.state_dict().items()}))
     (stats1, grads1, weights1), (stats8, grads8, weights8) = results
     assert grads1 and set(grads1) == set(grads8)

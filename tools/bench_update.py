@@ -1,8 +1,10 @@
-"""Throughput and peak memory of one GRPO optimiser step: full fine-tuning, LoRA, LoRA with
-gradient checkpointing, next to a plain Hugging Face forward/backward of the same batch.
+"""Throughput and peak memory of agentcap's GRPO update of one rollout batch (one minibatch: one
+optimiser step): full fine-tuning, LoRA, LoRA with gradient checkpointing, next to a plain Hugging
+Face forward/backward of the same batch.
 
     python tools/bench_update.py                    # tiny Qwen2 on CPU
     python tools/bench_update.py --device cuda --preset qwen2.5-1.5b --precision bf16-mixed
+    python tools/bench_update.py --smoke            # the smallest setting, one repeat (CI)
 
 Every measurement runs in a fresh process (one per variant and repeat, variants interleaved), so
 no variant inherits another's allocations. What is measured:
@@ -16,9 +18,14 @@ no variant inherits another's allocations. What is measured:
   over the step minus the allocation before it.
 - state: bytes of trainable parameters' gradients plus AdamW state (persistent between steps).
 
-The GRPO step is agentcap's own: ``Agent.completion_logprobs`` → ``clipped_objective`` →
-backward → gradient clipping → AdamW. The plain HF row is ``model(input_ids, labels).loss``
-→ backward with every parameter trainable and no optimiser: the floor a trainer can reach.
+The update is the one ``agentcap fit`` runs: ``GRPOModule.update``'s function
+(``agentcap.training.update``, called through ``agentcap.training.harness`` outside a Trainer): the
+minibatch order, micro-batches (``--micro-batch``) under the global token normaliser,
+``Agent.completion_logprobs`` with entropy → ``clipped_objective`` → backward →
+``training.optim.optimizer_step`` (gradient sum over ranks, non-finite checks, clipping, AdamW,
+weight norm, sampler sync). The rows carry the rollout's old log-probs, so the ratio is not 1. The
+plain HF row is ``model(input_ids, labels).loss`` → backward with every parameter trainable and no
+optimiser: the floor a trainer can reach.
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ def measure(variant: str, args) -> dict:
     from agentcap.agents.adapters import LoraSpec, attach_adapter
     from agentcap.agents.agent import Agent
     from agentcap.agents.checkpointing import enable_gradient_checkpointing
-    from agentcap.algorithms.grpo import clipped_objective, token_weights
+    from agentcap.agents.generation import Generation
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -90,23 +97,25 @@ def measure(variant: str, args) -> dict:
 
         trainable = []
     else:
-        tokenizer = type("Pad", (), {"pad_token_id": 0, "eos_token_id": 0})()
-        agent = Agent("policy", model, tokenizer, adapters=adapters)
-        agent.set_trainable(True)
+        # agentcap's own update (training.harness → training.update, what GRPOModule.update runs): one
+        # minibatch of the whole batch, the global token normaliser, optim.optimizer_step (clipping, checks, AdamW)
+        from agentcap.training.harness import IdsTokenizer, UpdateHarness, rows
+        from agentcap.training.update import UpdateSettings
+
+        agent = Agent("policy", model, IdsTokenizer(), adapters=adapters)
+        settings = UpdateSettings(minibatch_size=b, micro_batch_size=args.micro_batch)
+        harness = UpdateHarness(agent, settings, lr=1e-5, precision=args.precision)
         trainable = agent.trainable_parameters()
-        optimizer = torch.optim.AdamW(trainable, lr=1e-5)
-        with torch.no_grad(), autocast:
+        observations = [IdsTokenizer.observation(row.tolist()) for row in prompt]
+        with torch.no_grad(), autocast:  # the rollout's old log-probs (a sampler's), so every step is a ratio ≠ 1
             old = agent.completion_logprobs(inputs, completion, mask)
-        advantages = torch.linspace(-1, 1, b, device=device)
+        generations = [Generation(completion_ids=c, old_logprobs=o, sampler_logprobs=o) for c, o in zip(completion, old)]
+        batch = rows(observations, generations)
+        for row, advantage in zip(batch, torch.linspace(-1, 1, b).tolist()):
+            row.advantage = advantage
 
         def step():
-            with autocast:
-                logprobs = agent.completion_logprobs(inputs, completion, mask)
-                out = clipped_objective(logprobs, old, advantages, mask, weights=token_weights(mask))
-            out["loss"].backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            harness.update(batch)
 
     step()  # warm-up: kernels chosen, AdamW state allocated
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -146,12 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--completion", type=int, default=64)
+    parser.add_argument("--micro-batch", type=int, default=None, help="rows per forward/backward (default: all)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--peak-flops", type=float, default=None, help="e.g. 790e12 for an H200 in bf16 (dense)")
+    parser.add_argument("--smoke", action="store_true", help="tiny preset, batch 2 × (8 + 8) tokens, one repeat, every variant in this process (it runs; its figures compare nothing)")
     parser.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # child process mode
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.preset, args.batch, args.prompt, args.completion, args.rank, args.repeats = "tiny", 2, 8, 8, 4, 1
     if args.one:
         print(json.dumps(measure(args.one, args)))
         return 0
@@ -160,11 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for _ in range(args.repeats):  # interleaved: drift in machine load hits every variant alike
         for variant in VARIANTS:
+            if args.smoke:  # one process for all: the figures are not comparable, the run is quick
+                runs[variant].append(measure(variant, args))
+                continue
             out = subprocess.run([sys.executable, __file__, *forwarded, "--one", variant], env=env,
                                  capture_output=True, text=True, check=True)
             runs[variant].append(json.loads(out.stdout.strip().splitlines()[-1]))
     base = _median(runs["hf_forward_backward"], "tokens_per_s")
     base_mem = _median(runs["hf_forward_backward"], "peak_step_bytes")
+    print("GRPO update: agentcap's own (GRPOModule.update → agentcap.training.update, run by training.harness)")
     print(f"preset {args.preset}, {args.device}, precision {args.precision}, batch {args.batch} × "
           f"({args.prompt} prompt + {args.completion} completion) tokens, median of {args.repeats}")
     print(f"| {'variant':20s} | trainable | tokens/s | × HF | step peak MiB | × HF | grad+AdamW MiB |"
