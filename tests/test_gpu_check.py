@@ -32,4 +32,5 @@ def test_the_smoke_run_covers_every_part_without_the_missing_packages(tmp_path):
     assert grpo["rows"] == 4 and grpo["generate_tokens_per_s"] > 0
     assert prefix["prompts"] == 6 and prefix["same_answer"] == 1.0 and prefix["max_abs_logit_gap"] < 0.05
     assert results["vllm"]["status"].startswith("vllm: not installed")
-    assert "| grpo step (" in done.stdout and "| prefix reader (" in done.stdout and "| vllm engine |" in done.stdout
+    assert grpo["step"].startswith("agentcap (GRPOModule.update") and "agentcap's own step" in done.stdout
+    assert "| agentcap's grpo step, FSDP2 bf16-mixed (" in done.stdout and "| prefix reader (" in done.stdout and "| vllm engine |" in done.stdout

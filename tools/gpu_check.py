@@ -5,15 +5,19 @@
 
 Parts, each printed as a row of one table and written to ``<out>/gpu_check.json``:
 
-1. ``grpo``: a sharded bf16-mixed GRPO step of a model of real dimensions (Llama-3.2-1B's published
-   config, random weights built on the GPU, fp32 masters and gradient checkpointing as in the
-   recipes), sharded the way
-   ``GRPOModule.configure_model`` does under ``grpo_fsdp`` (``agentcap.parallel.sharding.shard_agents``,
-   FSDP2 ``fully_shard`` with bf16 compute, one process) and run under bf16 autocast, as Lightning's
-   ``bf16-mixed`` does. The step: HF ``generate`` of B prompts × G samples (exactly ``--new-tokens``
-   each) → the old log-probs (``Agent.completion_logprobs``, no grad) → the update in micro-batches
-   (``clipped_objective`` on the global token count, backward, gradient clipping, AdamW). One
-   untimed step first (kernels chosen, AdamW state allocated); the second is timed. Figures:
+1. ``grpo``: agentcap's own GRPO step, sharded and bf16-mixed, on a model of real dimensions
+   (Llama-3.2-1B's published config, random weights built on the GPU, fp32 masters and gradient
+   checkpointing as in the recipes). The model is sharded the way ``GRPOModule.configure_model``
+   does under ``grpo_fsdp`` (``agentcap.training.harness.shard`` → ``parallel.sharding.shard_agents``,
+   FSDP2 ``fully_shard`` with bf16 compute, one process), and the update is the one ``agentcap fit``
+   runs: ``GRPOModule.update``'s ``agentcap.training.update`` through ``agentcap.training.harness``
+   (under bf16 autocast, as Lightning's ``bf16-mixed`` runs a training step): one minibatch of every
+   row, micro-batches of ``micro`` rows under the global token normaliser, ``clipped_objective`` with
+   entropy, backward, then ``training.optim.optimizer_step`` (gradient checks, clipping, AdamW,
+   weight norm). Before it: HF ``generate`` of B prompts × G samples (exactly ``--new-tokens``
+   each) and the old log-probs (``Agent.completion_logprobs``, no grad, as a sharded agent's rollout
+   scores them); advantages from random rewards by ``set_advantages`` (what ``grpo_step`` calls).
+   One untimed step first (kernels chosen, AdamW state allocated); the second is timed. Figures:
    generate tokens/s (new tokens), update tokens/s (prompt + completion), and the update's MFU:
    6 · N · tokens / seconds / peak (model FLOPs: checkpointing's recomputation not counted),
    N every parameter, peak 989 TFLOP/s (an H200's dense bf16 by
@@ -29,7 +33,6 @@ Parts, each printed as a row of one table and written to ``<out>/gpu_check.json`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -83,92 +86,65 @@ def llama(dims: dict, device: torch.device, dtype: torch.dtype = torch.float32):
     return model.eval()
 
 
-@contextlib.contextmanager
-def one_process_group(device: torch.device):
-    """World size 1 (NCCL on the GPU, gloo for the smoke run), gone again before vLLM sets up its own."""
-    import torch.distributed as dist
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def grpo_step(dims: dict, size: dict, device: torch.device, peak_tflops: float) -> dict:
-    """One sharded bf16-mixed GRPO step through agentcap's Agent, sharding and objective (see module doc)."""
-    with one_process_group(device):
+    """agentcap's own sharded bf16-mixed GRPO step (see module doc), on a one-process group."""
+    from agentcap.training.harness import process_group
+
+    with process_group(device):
         return _grpo_step(dims, size, device, peak_tflops)
 
 
 def _grpo_step(dims: dict, size: dict, device: torch.device, peak_tflops: float) -> dict:
-    from torch.distributed.device_mesh import init_device_mesh
-
     from agentcap.agents.agent import Agent
     from agentcap.agents.checkpointing import enable_gradient_checkpointing
-    from agentcap.algorithms.grpo import clipped_objective, token_weights
-    from agentcap.parallel.sharding import mixed_precision, shard_agents
+    from agentcap.agents.generation import Generation
+    from agentcap.training.harness import IdsTokenizer, UpdateHarness, autocast, rows, shard
+    from agentcap.training.update import UpdateSettings
 
     model = llama(dims, device)
     params = sum(p.numel() for p in model.parameters())
-    tokenizer = type("Ids", (), {"pad_token_id": 0, "eos_token_id": 2})()
     enable_gradient_checkpointing(model)  # as the recipes (and before sharding, as build_agent does)
-    agent = Agent("policy", model, tokenizer)
-    mesh = init_device_mesh(device.type, (1,))
-    shard_agents({"policy": agent}, mesh, (), mixed_precision("bf16-mixed"))
-    agent.set_trainable(True)
-    trainable = agent.trainable_parameters()
-    optimizer = torch.optim.AdamW(trainable, lr=1e-6)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
-
-    rows, p, t = size["prompts"] * size["group"], size["prompt_tokens"], size["new_tokens"]
+    agent = Agent("policy", model, IdsTokenizer(pad_token_id=0, eos_token_id=2))
+    shard(agent, "bf16-mixed", device)  # GRPOModule.configure_model under grpo_fsdp
+    n, p, t = size["prompts"] * size["group"], size["prompt_tokens"], size["new_tokens"]
+    # GRPOModule.update with one minibatch of every row, micro-batches of size["micro"], lr 1e-6, β = 0
+    harness = UpdateHarness(agent, UpdateSettings(minibatch_size=n, micro_batch_size=size["micro"]), lr=1e-6,
+                            precision="bf16-mixed")
     prompts = torch.randint(3, dims["vocab_size"], (size["prompts"], p), device=device)
     prompt = prompts.repeat_interleave(size["group"], dim=0)  # [B·G, P], an item's G rows together
     inputs = {"input_ids": prompt, "attention_mask": torch.ones_like(prompt)}
+    observations = [IdsTokenizer.observation(row.tolist()) for row in prompt]
+    utilities = torch.rand(n, generator=torch.Generator().manual_seed(0)).tolist()  # a reward per row
 
     def rollout():
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), autocast("bf16-mixed", device):
             out = agent.model.generate(**inputs, do_sample=True, max_new_tokens=t, min_new_tokens=t, pad_token_id=0)
         return out[:, p:]  # [B·G, T]
 
     def old_logprobs(completion, mask):
-        with torch.no_grad(), autocast:
+        # a sharded agent's old log-probs are scored with the rollout (GRPOModule._rollout), not lazily
+        with torch.no_grad(), autocast("bf16-mixed", device):
             return agent.completion_logprobs(inputs, completion, mask)
-
-    def update(completion, mask, old):
-        advantages = torch.linspace(-1, 1, rows, device=device)
-        weights = token_weights(mask)  # the global token count: micro-batches add up to one step
-        for start in range(0, rows, size["micro"]):
-            part = slice(start, start + size["micro"])
-            sub = {k: v[part] for k, v in inputs.items()}
-            with autocast:
-                logprobs = agent.completion_logprobs(sub, completion[part], mask[part])
-                loss = clipped_objective(logprobs, old[part], advantages[part], mask[part],
-                                         weights=weights[part])["loss"]
-            loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach()), float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     def step():
         completion, gen_s = timed(device, rollout)
         mask = torch.ones_like(completion)
         old, old_s = timed(device, lambda: old_logprobs(completion, mask))
-        (loss, norm), update_s = timed(device, lambda: update(completion, mask, old))
-        return gen_s, old_s, update_s, loss, norm
+        batch = rows(observations, [Generation(completion_ids=c, old_logprobs=o) for c, o in zip(completion, old)],
+                     utilities, group_size=size["group"])
+        stats, update_s = timed(device, lambda: harness.update(batch))
+        return gen_s, old_s, update_s, stats["loss"], stats["grad_norm"]
 
     step()  # warm-up
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     gen_s, old_s, update_s, loss, norm = step()
-    tokens = rows * (p + t)
+    tokens = n * (p + t)
     flops = 6 * params * tokens
     result = {
-        "params": params, "rows": rows, "prompt_tokens": p, "new_tokens": t, "micro_batch": size["micro"],
-        "generate_s": gen_s, "generate_tokens_per_s": rows * t / gen_s,
+        "step": "agentcap (GRPOModule.update: agentcap.training.update via training.harness; FSDP2, bf16-mixed)",
+        "params": params, "rows": n, "prompt_tokens": p, "new_tokens": t, "micro_batch": size["micro"],
+        "generate_s": gen_s, "generate_tokens_per_s": n * t / gen_s,
         "old_logprobs_s": old_s, "update_s": update_s, "update_tokens_per_s": tokens / update_s,
         "update_tflops": flops / update_s / 1e12, "mfu": flops / update_s / (peak_tflops * 1e12),
         "peak_tflops": peak_tflops, "loss": loss, "grad_norm": norm,
@@ -176,7 +152,6 @@ def _grpo_step(dims: dict, size: dict, device: torch.device, peak_tflops: float)
     }
     if device.type == "cuda":
         result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    del agent, model, optimizer
     return result
 
 
@@ -268,7 +243,7 @@ def table(results: dict) -> str:
     lines = ["| part | figures |", "|---|---|"]
     g = results.get("grpo")
     if g:
-        lines.append(f"| grpo step ({g['params'] / 1e9:.2f} B params, {g['rows']} rows × ({g['prompt_tokens']} + "
+        lines.append(f"| agentcap's grpo step, FSDP2 bf16-mixed ({g['params'] / 1e9:.2f} B params, {g['rows']} rows × ({g['prompt_tokens']} + "
                      f"{g['new_tokens']}) tokens) | generate {g['generate_tokens_per_s']:,.0f} new tok/s "
                      f"({g['generate_s']:.2f} s); old log-probs {g['old_logprobs_s']:.2f} s; update "
                      f"{g['update_tokens_per_s']:,.0f} tok/s ({g['update_s']:.2f} s), "
@@ -308,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"torch": torch.__version__, "python": platform.python_version(),
                      "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke)"}
     print(f"gpu_check: {results['device']}, torch {results['torch']}, python {results['python']}", flush=True)
+    print("gpu_check: the grpo part times agentcap's own step (GRPOModule.update via agentcap.training.harness; "
+          "FSDP2, bf16-mixed)", flush=True)
     parts = {"grpo": lambda: grpo_step(dims, size, device, args.peak_tflops),
              "prefix": lambda: prefix_reader(dims, size, device),
              "vllm": lambda: vllm_engine(dims, size, device)}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The prepared check for a lent GPU (docs/scale.md, "A prepared GPU check"): a sharded bf16-mixed GRPO
-# step of a 1.24 B model (generate and update throughput, MFU), the judges' prefix reader, and vLLM's
+# The prepared check for a lent GPU (docs/scale.md, "A prepared GPU check"): agentcap's own GRPO step
+# (GRPOModule.update through agentcap.training.harness), sharded with FSDP2 and bf16-mixed, of a 1.24 B model
+# (generate and update throughput, MFU), the judges' prefix reader, and vLLM's
 # GPU path if vLLM is there. Runs from a copy of the repository root in a few minutes and prints one
 # table; figures and the log go to $OUT (default runs/gpu_check). Touches no GPU setting.
 #   bash tools/gpu_check.sh                         # on the GPU machine
