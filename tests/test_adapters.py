@@ -9,7 +9,7 @@ import torch
 from agentcap.agents.adapters import LoraSpec
 from agentcap.agents.agent import AgentConfig, build_agent, build_agents, pad_right
 from agentcap.agents.reference import AdaptersDisabled, kl_reference
-from agentcap.algorithms.grpo import clipped_objective
+from agentcap.training.harness import UpdateHarness, rows
 
 LORA = LoraSpec(r=4, alpha=8)
 
@@ -27,21 +27,17 @@ def shared_pair(seed: int = 0):
 
 
 def train(agent, steps: int = 3, lr: float = 1e-2):
-    """A few clipped-objective steps on the agent's own samples; returns the optimiser."""
+    """A few of agentcap's own GRPO updates (GRPOModule.update's, through training.harness) on the
+    agent's own samples; returns the stage's optimiser."""
     obs = observations(4, agent.name)
     torch.manual_seed(0)
-    gens = agent.generate(obs)
-    inputs = agent.encode(obs)
-    completion, mask = pad_right([g.completion_ids for g in gens], agent.tokenizer.pad_token_id)
-    old, _ = pad_right([g.old_logprobs for g in gens], 0)
-    optimizer = torch.optim.AdamW(agent.trainable_parameters(), lr=lr)
+    batch = rows(obs, agent.generate(obs))
+    for row, advantage in zip(batch, (1.0, -1.0, 0.5, -0.5)):
+        row.advantage = advantage
+    harness = UpdateHarness(agent, lr=lr)
     for _ in range(steps):
-        out = clipped_objective(agent.completion_logprobs(inputs, completion, mask), old,
-                                torch.tensor([1.0, -1.0, 0.5, -0.5]), mask)
-        out["loss"].backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return optimizer
+        harness.update(batch)
+    return harness.optimizer
 
 
 def scores(agent, obs):

@@ -13,6 +13,7 @@ from agentcap.agents import AgentConfig, build_agent
 from agentcap.agents.agent import pad_right, trim_after_eos
 from agentcap.algorithms.grpo import clipped_objective, kl_k3, token_weights
 from agentcap.algorithms.loop import normalize_by_type
+from agentcap.training.harness import UpdateHarness, rows
 
 
 def test_group_advantages_match_hand_computation():
@@ -114,17 +115,12 @@ def test_update_moves_every_trainable_weight_and_no_frozen_one(two_agents):
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     frozen = {k: v.clone() for k, v in other.state_dict().items()}
     obs = observations(4)
-    gens = policy.generate(obs)
-    inputs = policy.encode(obs)
-    completion, mask = pad_right([g.completion_ids for g in gens], policy.tokenizer.pad_token_id)
-    old, _ = pad_right([g.old_logprobs for g in gens], 0)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    batch = rows(obs, policy.generate(obs))
+    for row, advantage in zip(batch, (1.0, -1.0, 0.5, -0.5)):
+        row.advantage = advantage
+    harness = UpdateHarness(policy, lr=1e-2)  # the update agentcap fit runs (GRPOModule.update's), no Trainer
     for _ in range(2):
-        logprobs = policy.completion_logprobs(inputs, completion, mask)
-        out = clipped_objective(logprobs, old, torch.tensor([1.0, -1.0, 0.5, -0.5]), mask)
-        out["loss"].backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        assert harness.update(batch)["grad_norm"] > 0
     after = policy.state_dict()
     unchanged = [k for k, v in before.items() if v.is_floating_point() and torch.equal(v, after[k])]
     assert not unchanged, f"trainable weights that did not move: {unchanged}"
