@@ -4,7 +4,9 @@ Why: with K = 1 the rollouts of step s+1 are sampled in a background thread whil
 (``agentcap.rollout.pipeline``), so a step should cost about max(generation, update) instead of their
 sum. The settings are ``tools/bench_step.py``'s (SmolLM2-135M-Instruct, float32, G rollouts of each
 prompt, exactly ``--new-tokens`` new tokens, a cheap reward, one AdamW step); the K = 1 step samples
-with the agent's sampler copy (HF backend) through the real pipeline. Each measurement is a fresh
+with the agent's sampler copy (HF backend) through the real pipeline. The update is the one
+``agentcap fit`` runs (``GRPOModule.update``'s ``agentcap.training.update``, through
+``agentcap.training.harness``; with K = 1 its truncated importance weights against the sampler). Each measurement is a fresh
 process; K = 0 and K = 1 alternate, and the table gives per-pair ratios (min / median), because the
 machine is shared and noisy. Placement: ``--threads`` intra-op threads for the whole process (K = 1
 runs two Python threads, the learner's and the sampler's, over the same pool); ``--k0-threads`` lets
@@ -20,6 +22,7 @@ core in a process of its own cannot take a sync through ``collective_rpc`` on vL
     python tools/bench_async.py --pairs 3 --k0-threads 2      # baseline with both cores per op
     python tools/bench_async.py --trl-python .venv-bench/bin/python   # also TRL's synchronous step
     .venv-vllm/bin/python tools/bench_async.py --backend vllm --pairs 3
+    python tools/bench_async.py --smoke       # the smallest setting, K = 0 and K = 1 in one process (CI)
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -41,14 +43,12 @@ from bench_step import PROMPTS, load, reward  # noqa: E402  (the same model, pro
 
 
 def steps(args) -> dict:
-    from agentcap.agents.agent import Agent, pad_right
-    from agentcap.algorithms.grpo import clipped_objective, token_weights
-    from agentcap.algorithms.loop import normalize_by_type
-    from agentcap.algorithms.offpolicy import effective_tis_cap, truncated_importance_weights
+    from agentcap.agents.agent import Agent
     from agentcap.agents.sampling import trajectory_seed
+    from agentcap.algorithms.offpolicy import effective_tis_cap
     from agentcap.rollout.pipeline import RolloutPipeline
-    from agentcap.training.old_policy import old_or_current
-    from agentcap.training.optim import build_optimizer, optimizer_step
+    from agentcap.training.harness import UpdateHarness, rows
+    from agentcap.training.update import UpdateSettings
 
     if args.backend == "vllm":
         model, tokenizer, folder = load_folder(args)
@@ -60,13 +60,15 @@ def steps(args) -> dict:
         from agentcap.agents.backends.base import VLLMOptions
 
         agent.use_backend("vllm", VLLMOptions(enforce_eager=True, max_model_len=512), str(folder))
-    agent.set_trainable(True)
-    optimizer = build_optimizer(agent, lr=1e-6)
+    # the update agentcap fit runs (GRPOModule.update's, through training.harness): one minibatch, token mean,
+    # TIS against the sampler's log-probs with K = 1, optimizer_step (which also syncs a vLLM engine)
+    n = args.prompts * args.group
+    harness = UpdateHarness(agent, UpdateSettings(minibatch_size=n, seed=args.seed,
+                                                  tis_cap=effective_tis_cap(None, args.k)), lr=1e-6)
     prompts = [{"agent": "policy", "messages": [{"role": "user", "content": p}]} for p in PROMPTS[: args.prompts]]
     observations = [o for o in prompts for _ in range(args.group)]
     pipeline = RolloutPipeline(args.k)
     pipeline.begin(0, agent)
-    cap = effective_tis_cap(None, args.k)
 
     def request(step: int):
         seeds = [trajectory_seed(args.seed + step, t, 0) for t in range(len(observations))]
@@ -79,24 +81,9 @@ def steps(args) -> dict:
         start = time.perf_counter()
         gens, _ = pipeline.take(step, total - 1, agent, request)
         waited = time.perf_counter() - start
-        rewards = reward([g.text for g in gens])
-        advantages = normalize_by_type(rewards, ["completion"] * len(gens), [i // args.group for i in range(len(gens))],
-                                       eps=1e-6)
-        spans = [SimpleNamespace(observation=o, completion_ids=g.completion_ids, old_logprobs=None, advantage=float(a))
-                 for o, g, a in zip(observations, gens, advantages)]
+        batch = rows(observations, gens, reward([g.text for g in gens]), group_size=args.group)  # + advantages
         t0 = time.perf_counter()
-        completion, mask = pad_right([s.completion_ids for s in spans], tokenizer.pad_token_id)
-        logprobs = agent.completion_logprobs(agent.encode(observations), completion, mask)
-        old = old_or_current(spans, logprobs)
-        tis = None
-        if cap is not None:
-            sampler, _ = pad_right([g.sampler_logprobs for g in gens], 0)
-            tis = truncated_importance_weights(old, sampler, mask, cap)
-        out = clipped_objective(logprobs, old, torch.tensor([s.advantage for s in spans]), mask,
-                                weights=token_weights(mask, normalizer=float(mask.sum())), importance_weights=tis)
-        out["loss"].backward()
-        optimizer_step(agent, optimizer, max_grad_norm=1.0)
-        agent.sync_weights()  # an engine takes the new weights before it next samples (K = 0; K = 1 snapshots)
+        harness.update(batch)
         if step:  # the first step warms up (and, with K = 1, has nothing sampled ahead)
             times.append(time.perf_counter() - start)
             waits.append(waited)
@@ -186,8 +173,20 @@ def compare(args) -> None:
         print(f"step time K=1 / TRL: min {min(to_trl):.2f}, median {statistics.median(to_trl):.2f}")
 
 
+def smoke(args) -> None:
+    """The smallest setting, K = 0 then K = 1 in this process, one measured step each."""
+    args.group, args.prompts, args.new_tokens, args.steps = 2, 1, 2, 1
+    torch.set_num_threads(args.threads)
+    for k in (0, 1):
+        args.k = k
+        r = steps(args)
+        print(f"bench_async --smoke: K={k} step {r['times'][0]:.2f} s (wait for rollout {r['waits'][0]:.2f}, "
+              f"agentcap's update {r['updates'][0]:.2f}; backend {args.backend})", flush=True)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="G=2, one prompt, 2 new tokens, one step of K=0 and K=1 (CI)")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--k", type=int, default=0)
     parser.add_argument("--pairs", type=int, default=3)
@@ -201,7 +200,9 @@ def main(argv=None) -> None:
     parser.add_argument("--trl-python", default=None, help="a Python with trl==1.16.0 (extra `bench`)")
     parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     args = parser.parse_args(argv)
-    if args.worker:
+    if args.smoke:
+        smoke(args)
+    elif args.worker:
         worker(args)
     else:
         compare(args)

