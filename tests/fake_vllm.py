@@ -85,6 +85,7 @@ class FakeLLM:
     asleep: set[str] = field(default_factory=set)
     threads: list[str] = field(default_factory=list)  # the thread of each load and generate
     generating: bool = False
+    sample: bool = False  # honour SamplingParams (seeded sampling, max_tokens, stop ids) instead of one argmax token
 
     def __post_init__(self):
         self.model = copy.deepcopy(self.model)
@@ -118,9 +119,30 @@ class FakeLLM:
         self.threads.append(threading.current_thread().name)
         self.generating = True
         try:
+            if self.sample and not probe:
+                listed = params if isinstance(params, list) else [params] * len(prompts)
+                return [self._sampled(prompt, p) for prompt, p in zip(prompts, listed)]
             return self._outputs(prompts, probe)
         finally:
             self.generating = False
+
+    def _sampled(self, prompt, params) -> _Output:
+        """Up to ``max_tokens`` tokens, each drawn from the tempered softmax with the request's own seed
+        (argmax at temperature 0), with its processed log-prob, as vLLM returns them."""
+        ids = list(prompt["prompt_token_ids"])
+        generator = torch.Generator().manual_seed(int(params.seed or 0))
+        tokens, logprobs = [], []
+        for _ in range(params.max_tokens):
+            logits = self.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+            greedy = not params.temperature
+            lp = torch.log_softmax(logits / (1.0 if greedy else params.temperature), -1)
+            token = int(lp.argmax()) if greedy else int(torch.multinomial(lp.exp(), 1, generator=generator))
+            tokens.append(token)
+            logprobs.append({token: _Logprob(float(lp[token]))})
+            ids.append(token)
+            if token in (params.stop_token_ids or []):
+                break
+        return _Output([_Completion(tokens, logprobs)])
 
     def _outputs(self, prompts, probe: bool) -> list[_Output]:
         outputs = []

@@ -71,6 +71,7 @@ class RolloutDriver:
         self.requested_max_turns = max_turns
         self.max_turns = 64 if max_turns is None else max_turns
         self.envs: list[CaptionEnv] = []
+        self._scoring_env: CaptionEnv | None = None  # score() of a batch played by another thread
 
     def _pool(self, n: int) -> list[CaptionEnv]:
         while len(self.envs) < n:
@@ -106,6 +107,7 @@ class RolloutDriver:
         positions: Sequence[int] | None = None,
         old_logprobs: bool = True,
         stand_ins: Mapping[str, Agent] | None = None,
+        collectives: bool = True,
     ) -> RolloutBatch:
         """Roll out every item ``group_size`` times; ``items`` replaces dataset indices (inference).
 
@@ -117,6 +119,9 @@ class RolloutDriver:
         ``old_logprobs`` the spans carry none (GRPO computes them only when off-policy).
         ``stand_ins`` act in place of the agents they name (a sampler copy of a trainable agent,
         ``agentcap.rollout.pipeline``); spans keep the role's name.
+        Without ``collectives`` the rollout talks to no other process (a rollout thread's under
+        ``grpo_fsdp``, every agent sampling through its own engine): no lock-step calls, and the
+        episodes are left unscored, for :meth:`score` in the main thread.
         """
         keys = list(items) if items is not None else list(indices or [])
         n = len(keys) * group_size
@@ -133,7 +138,7 @@ class RolloutDriver:
         calls: dict[str, int] = defaultdict(int)
         turns = [0] * n
         active = list(range(n))
-        lockstep = Lockstep(self.agents)  # sharded agents: every process calls them equally often
+        lockstep = Lockstep(self.agents if collectives else {})  # sharded agents: every process calls them equally often
         for _ in range(self.max_turns):
             if not lockstep.anyone_running(bool(active)):
                 break
@@ -179,13 +184,25 @@ class RolloutDriver:
         if active:
             raise RuntimeError(f"{len(active)} episodes still running after max_turns={self.max_turns}")
         episodes = [envs[t].unwrapped.episode for t in range(n)]
+        batch = RolloutBatch(episodes=episodes, scores=[], spans=spans, generate_calls=dict(calls), turns=turns,
+                             trajectory_ids=ids)
+        return self.score(batch, self.scorer) if collectives else batch
+
+    def score(self, batch: RolloutBatch, scorer: CaptionEnv | None = None) -> RolloutBatch:
+        """Score ``batch``'s episodes with the environment's batched ``score`` and give each span its
+        utility. Without ``scorer``, an environment of its own (not the pool's: a rollout thread may be
+        playing the next batch in those meanwhile)."""
+        if scorer is None:
+            if self._scoring_env is None:
+                self._scoring_env = self.make_env()
+            scorer = self._scoring_env
         # a process with no episode still scores when judges are sharded: each judge call is a collective
-        scores = self.scorer.unwrapped.score(episodes) if episodes or judges_sharded() else []
-        for span in spans:
+        scores = scorer.unwrapped.score(batch.episodes) if batch.episodes or judges_sharded() else []
+        for span in batch.spans:
             utilities = scores[span.trajectory].utilities
             span.utility = utilities[span.action_index] if span.action_index < len(utilities) else None
-        return RolloutBatch(episodes=episodes, scores=scores, spans=spans, generate_calls=dict(calls), turns=turns,
-                            trajectory_ids=ids)
+        batch.scores = scores
+        return batch
 
     def _agent(self, name: str) -> Agent:
         if name not in self.agents:

@@ -15,13 +15,14 @@ With K = 0 :meth:`RolloutPipeline.take` runs the rollout inline: no thread, no c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ContextManager
 
 
 from agentcap.agents.agent import Agent, AgentConfig
 from agentcap.agents.backends.snapshot import sampler_copy
+from agentcap.agents.backends.vllm import VLLMBackend
 from agentcap.core.settings import ConfigError
 from agentcap.rollout.driver import RolloutBatch
 
@@ -62,20 +63,31 @@ class RolloutPipeline:
                 )
 
     @staticmethod
-    def check_sharded(max_staleness: int) -> None:
+    def check_sharded(max_staleness: int, agents: Mapping[str, Agent] | None = None) -> None:
         """Under ``grpo_fsdp`` every forward of a sharded agent is a collective: a rollout thread's
-        forwards would interleave with the update's collectives differently on each rank."""
-        if max_staleness:
+        forwards would interleave with the update's collectives differently on each rank. So every
+        agent must sample through a vLLM engine of its own (rank-local, no collective): the main thread
+        gathers each snapshot between updates, syncs the frozen roles' engines when the stage begins,
+        scores the episodes and takes the learner's log-probs, and the worker only drives engines."""
+        if not max_staleness:
+            return
+        hf = sorted(name for name, agent in (agents or {}).items() if not isinstance(agent.backend, VLLMBackend))
+        if agents is None or hf:
+            named = ", ".join(f"agents.{name}.backend" for name in hf) or "an agent's backend"
             raise ConfigError(
-                f"--model.max_staleness {max_staleness} cannot run under --trainer.strategy grpo_fsdp (sharded "
-                "agents: every forward is a collective, and rollouts would overlap the update's); use "
+                f"--model.max_staleness {max_staleness} under --trainer.strategy grpo_fsdp needs every agent to "
+                f"sample through a vLLM engine, but {named} is hf (a sharded agent's generate is a collective, "
+                "which the rollout thread would run against the update's); set backend: vllm, or use "
                 "max_staleness 0, or grpo_ddp / ddp"
             )
 
-    def begin(self, stage_index: int, agent: Agent | None, context: Callable[[], ContextManager] | None = None) -> None:
+    def begin(self, stage_index: int, agent: Agent | None, context: Callable[[], ContextManager] | None = None,
+              acting: Sequence[Agent] = ()) -> None:
         """A stage boundary: drop whatever is in flight; a GRPO stage (``agent`` set) with K ≥ 1 gets a
         sampler of its own for its trainable agent. ``context`` is entered by the worker around each rollout
-        (the trainer's precision context: autocast is thread-local)."""
+        (the trainer's precision context: autocast is thread-local). ``acting``: the stage's other roles
+        that act; their vLLM engines are built and synced here, in the main thread (a sync of a sharded
+        agent is a collective), so the worker only ever generates with them."""
         self.drain()
         self._sampler = None
         if self._stage != stage_index:
@@ -84,6 +96,9 @@ class RolloutPipeline:
         if self.max_staleness and agent is not None:
             self._sampler = sampler_copy(agent)
             self._context = context or contextlib.nullcontext
+            for other in acting:
+                if other is not agent and isinstance(other.backend, VLLMBackend):
+                    other.backend.prepare()
 
     def take(self, step: int, last_step: int, agent: Agent, request: Request) -> tuple[RolloutBatch, int]:
         """R_step and its staleness (optimiser steps between its weights and the current ones).

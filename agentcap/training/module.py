@@ -48,11 +48,13 @@ from agentcap.agents.reference import kl_reference
 from agentcap.agents.tokens import pad_right
 from agentcap.algorithms.grpo import token_weights
 from agentcap.algorithms.offpolicy import effective_tis_cap
+from agentcap.core.bounds import check_batch
 from agentcap.core.schedule import Schedule, Stage
 from agentcap.core.settings import ConfigError, check
 from agentcap.evaluation.benchmark import BenchmarkConfig
 from agentcap.evaluation.tasks import reference_field
 from agentcap.judges.pool import shard_judges
+from agentcap.judges.replies import invalid_count
 from agentcap.parallel import distributed
 from agentcap.parallel.sharding import is_sharded, load_model_state, load_optimizer_state, mixed_precision, shard_agents
 from agentcap.resume import entries
@@ -62,10 +64,11 @@ from agentcap.rollout.pipeline import RolloutPipeline
 from agentcap.rollout.replay import Replay
 from agentcap.rollout.splits import EnvConfig, Splits
 from agentcap.training import engines
-from agentcap.training.callbacks import EvaluationStops, ResultsTable, SampleTable, TickStep
+from agentcap.training.callbacks import EvaluationStops, LogLines, ResultsTable, SampleTable, SpreadWatch, TickStep
 from agentcap.training.checkpoint_hooks import CheckpointHooks
 from agentcap.training.evaluation_hooks import EvaluationHooks
 from agentcap.training.logs import StepClock, emit, rollout_metrics, sample_rows, update_metrics
+from agentcap.training.old_policy import fill_old_logprobs_together
 from agentcap.training.optim import (
     aligned_micro_batches,
     build_optimizer,
@@ -184,6 +187,13 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         schedule = Schedule(stages, list(agents))
         for role, config in agents.items():
             config.check(role)
+        # sizes against the host memory, before any environment or model is built (agentcap.core.bounds)
+        tokens = max((config.max_new_tokens for config in agents.values()), default=1)
+        kinds = {stage.kind for stage in schedule.stages}
+        if "grpo" in kinds:
+            check_batch({"--model.rollout_batch_size": rollout_batch_size}, rollout_batch_size, tokens)
+        if "sft" in kinds:
+            check_batch({"--model.sft_batch_size": sft_batch_size}, sft_batch_size, tokens)
         RolloutPipeline.check(max_staleness, agents)
         check_trainable_precision(agents, stages)
         super().__init__()
@@ -220,7 +230,7 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         """Under ``grpo_fsdp`` every agent is sharded on its own (``agentcap.parallel.sharding``)."""
         mesh = getattr(self, "_device_mesh", None)
         if mesh is not None:
-            RolloutPipeline.check_sharded(self.max_staleness)
+            RolloutPipeline.check_sharded(self.max_staleness, self.agents)
             # full fine-tunes with a KL reference get a sharded frozen copy now (agents.reference)
             kl = {s.agent for s in self.schedule.stages if s.kind == "grpo"} if self.beta > 0 else set()
             mirrored = {name for name in kl if self.agents[name].adapters is None}
@@ -240,9 +250,11 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         """What every fit needs, also under a plain ``L.Trainer(...).fit(module)``: Lightning's step
         kept at the tick, tick checkpoints (the trainer's own TickCheckpoint when it has one, e.g.
         the CLI's ``--checkpoint_every`` / ``--checkpoint_keep``), sample tables, EarlyStopping
-        checked after each evaluate stage, and the results table when the fit ends."""
+        checked after each evaluate stage, a log line per logging step when stdout is not a terminal, a
+        warning when a GRPO stage's groups have no spread, and the results table when the fit ends."""
         given = any(isinstance(c, TickCheckpoint) for c in self.trainer.callbacks)
-        return [TickStep(), *([] if given else [TickCheckpoint()]), SampleTable(), EvaluationStops(), ResultsTable()]
+        return [TickStep(), *([] if given else [TickCheckpoint()]), SampleTable(), EvaluationStops(), LogLines(),
+                SpreadWatch(), ResultsTable()]
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """A stage begins as its first tick arrives, before callbacks see the batch: at
@@ -290,8 +302,10 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         trainable = [a for a in self.agents.values() if a.trainable]
         assert len(trainable) <= 1, "exactly one agent may train at a time"
         # the previous stage's rollouts in flight are dropped; a GRPO stage with K ≥ 1 gets a sampler copy
+        acting = engines.acting_roles(stage, self.env_config, self.agents) if self.max_staleness and stage.kind == "grpo" else ()
         self.pipeline.begin(index, trainable[0] if stage.kind == "grpo" else None,
-                            self.trainer.precision_plugin.train_step_context if self._trainer is not None else None)
+                            self.trainer.precision_plugin.train_step_context if self._trainer is not None else None,
+                            acting=[self.agents[name] for name in sorted(acting)])
         self._optimizer, self._scheduler, self._reference = None, None, None
         if trainable:
             agent = trainable[0]
@@ -336,15 +350,20 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         start = self.tick - step
         batch, staleness = self.pipeline.take(step, stage.steps - 1, agent,
                                               lambda later: self._rollout(stage, later, start + later))
+        if self._collective_free(agent):  # sampled by the rollout thread without talking to other ranks
+            driver.score(batch)
+            fill_old_logprobs_together(agent, batch.spans_of(agent.name), self.generation_batch_size)
         clock.mark("rollout")
         spans = batch.spans_of(agent.name)
         set_advantages(spans, self.eps_norm, self.advantage_std)  # READ Eq. 1 / LOOP Eq. 17, per (group, kind)
         stats = self.update(agent, spans, [(batch.trajectory_ids[s.trajectory], s.action_index) for s in spans])
         clock.mark("update")
-        metrics = {**rollout_metrics(batch, spans, agent.name, self.group_size), **update_metrics(stats, agent.name)}
+        metrics = {**rollout_metrics(batch, spans, agent.name, self.group_size, self.agents),
+                   **update_metrics(stats, agent.name)}
         metrics.update(clock.metrics(sum(s.completion_ids.numel() for s in batch.spans)))
-        self.log("reward/total", metrics["reward/total"], prog_bar=True, logger=False)
+        self.log(f"reward/{agent.name}/total", metrics[f"reward/{agent.name}/total"], prog_bar=True, logger=False)
         metrics.update(self._skipped_rows())
+        metrics.update(self._judge_invalid())
         metrics["stage"] = float(self._stage_index or 0)
         metrics[f"lr/{agent.name}"] = self._optimizer.param_groups[0]["lr"]  # this step's
         if self.max_staleness:
@@ -363,11 +382,18 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         seed = self.seed * 1_000_003 + tick * 10_007  # per tick: sampling repeats exactly after a resume
         driver = self.splits.driver("train", stage)
         # old log-probs come lazily from the update (agentcap.training.old_policy), except for a sharded agent:
-        # its forwards are collectives, and a lazy pass would run a different number on each rank
+        # its forwards are collectives, and a lazy pass would run a different number on each rank; with
+        # rollouts ahead of the update under grpo_fsdp the thread runs no collective (every agent samples
+        # through its engine): grpo_step scores the episodes and takes those log-probs in this thread
+        alone = self._collective_free(agent)
         return lambda stand_ins: driver.run(
             items, self.group_size, seed=seed, sample_agents={agent.name}, positions=positions,
-            old_logprobs=is_sharded(agent.model), stand_ins=stand_ins,
+            old_logprobs=is_sharded(agent.model) and not alone, stand_ins=stand_ins, collectives=not alone,
         )
+
+    def _collective_free(self, agent: Agent) -> bool:
+        """Rollouts ahead of the update of a sharded agent: the rollout thread must not talk to other ranks."""
+        return bool(self.max_staleness) and is_sharded(agent.model)
 
     def teardown(self, stage: str) -> None:
         self.pipeline.close()  # the rollout worker thread, if any
@@ -378,6 +404,14 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         new = {split: n for split, n in self.splits.skipped_rows.items() if logged.get(split) != n}
         logged.update(new)
         return {f"data/{split}/skipped_rows": float(n) for split, n in new.items()}
+
+    def _judge_invalid(self) -> dict[str, float]:
+        """``judge/invalid``: the judges' invalid replies so far (``agentcap.judges.replies``), logged when it grows."""
+        count = invalid_count()
+        if count == self.__dict__.get("_invalid_logged", 0):
+            return {}
+        self.__dict__["_invalid_logged"] = count
+        return {"judge/invalid": float(count)}
 
     @property
     def update_settings(self) -> UpdateSettings:
@@ -421,4 +455,8 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
                     f"lr/{agent.name}": self._optimizer.param_groups[0]["lr"]})
 
     def _emit(self, metrics: dict[str, float]) -> None:
+        """To every logger at the tick; ``self.logged`` keeps the tick's metrics for the log line."""
         emit(self.loggers, metrics, self.tick)
+        if self.__dict__.get("_logged_tick") != self.tick:
+            self.__dict__["logged"], self.__dict__["_logged_tick"] = {}, self.tick
+        self.__dict__["logged"].update(metrics)

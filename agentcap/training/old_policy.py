@@ -16,6 +16,7 @@ import torch
 
 from agentcap.agents.agent import Agent
 from agentcap.agents.tokens import pad_right
+from agentcap.parallel.distributed import most
 
 
 @torch.no_grad()
@@ -30,6 +31,24 @@ def fill_old_logprobs(agent: Agent, spans: Sequence, skip: set[int], batch_size:
         logprobs = agent.completion_logprobs(agent.encode([r.observation for r in rows]), completion, mask)
         for r, lp, n in zip(rows, logprobs, mask.sum(1).tolist()):
             r.old_logprobs = lp[:n].cpu()
+    return len(todo)
+
+
+@torch.no_grad()
+def fill_old_logprobs_together(agent: Agent, spans: Sequence, batch_size: int) -> int:
+    """:func:`fill_old_logprobs` of every span, with as many forwards on every process as the one
+    with most rows needs (a sharded agent's forward is a collective): a process with fewer runs
+    stand-in passes of its sync probe (``backends.verify``). In the main thread, for rollouts a
+    thread sampled through the agent's engine under ``grpo_fsdp`` (``rollout.pipeline``)."""
+    todo = [s for s in spans if s.old_logprobs is None]
+    size = max(batch_size, 1)
+    own = -(-len(todo) // size)
+    for index in range(most(own)):
+        if index < own:
+            fill_old_logprobs(agent, todo[index * size : (index + 1) * size], set(), size)
+        else:
+            probe = agent.backend.probe
+            agent.completion_logprobs(probe.inputs, probe.completion, probe.mask)
     return len(todo)
 
 

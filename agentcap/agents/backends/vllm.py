@@ -38,10 +38,11 @@ import torch
 from agentcap.agents.backends.adapter_sync import AdapterVersions, max_lora_rank
 from agentcap.agents.backends.base import VLLMOptions
 from agentcap.agents.backends.verify import DEFAULT_TOLERANCE, WeightSyncError, check_sync, learner_logprobs, make_probe
-from agentcap.agents.backends.weights import layers, trainable_weights
+from agentcap.agents.backends.weights import gathered_weights, layers, trainable_weights
 
 __all__ = ["VLLMBackend", "WeightSyncError"]
 from agentcap.agents.generation import Generation
+from agentcap.parallel.sharding import is_sharded
 
 
 def _worker_model(worker):
@@ -199,6 +200,12 @@ class VLLMBackend:
             self.sync()
         self.wake()
 
+    def prepare(self) -> None:
+        """Built, probed, synced and awake now (in the main thread, on every rank: a sharded agent's
+        sync is a collective), so that another thread can generate with it without syncing."""
+        self.llm, self.probe
+        self._ready()
+
     def prompt(self, observation: dict[str, Any], agent=None) -> dict[str, Any]:
         """vLLM prompt of one observation: token ids of the chat prompt, plus media for multimodal
         families (``agent``: whose tokenizer; the rollout thread's stand-in has its own)."""
@@ -330,8 +337,14 @@ class VLLMBackend:
     def snapshot(self) -> dict[str, Any]:
         """In the main thread, between two updates: the learner's trainable tensors and its
         log-probs of the probe, all :meth:`load_snapshot` needs later, from another thread."""
-        # read here, not by the rollout thread: the learner's forwards swap its output head out meanwhile
-        weights = trainable_weights(self.agent.model, whole=True) if self.adapter is None else self.adapter.tensors()
+        # read here, not by the rollout thread: the learner's forwards swap its output head out meanwhile;
+        # a sharded model's weights are gathered here too, to host memory (each gather is a collective)
+        if self.adapter is not None:
+            weights = self.adapter.tensors()
+        elif is_sharded(self.agent.model):
+            weights = gathered_weights(self.agent.model)
+        else:
+            weights = trainable_weights(self.agent.model, whole=True)
         return {"weights": weights, "probe": learner_logprobs(self.agent, self.probe)}
 
     @torch.no_grad()

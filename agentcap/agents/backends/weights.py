@@ -65,3 +65,11 @@ def layers(model: nn.Module, weights: Mapping[str, torch.Tensor] | None = None) 
         group.append((target, full(param)))
     if group:
         yield group
+
+
+def gathered_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter of a sharded ``model`` whole, copied to host memory, by name in the model's
+    order: a snapshot :func:`layers` reads without any collective (each gather here is one, so every
+    rank calls it at the same point). One parameter is whole on the device at a time."""
+    with torch.no_grad():
+        return {name: full(p).to("cpu", copy=True) for name, p in model.named_parameters()}
