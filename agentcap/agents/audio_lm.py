@@ -92,6 +92,7 @@ def build_processor(tokenizer_source: str | Path):
     tokenizer._set_model_specific_special_tokens(dict(AUDIO_TOKENS))  # tokenizer.audio_token …, saved with it
     tokenizer.eos_token = tokenizer.pad_token = END_OF_TURN
     tokenizer.padding_side = "left"
+    tokenizer.clean_up_tokenization_spaces = False  # a WordPiece clean-up; transformers ignores it for BPE (and warns)
     tokenizer.chat_template = CHAT_TEMPLATE
     extractor = WhisperFeatureExtractor(
         feature_size=80, sampling_rate=SAMPLING_RATE, hop_length=160, chunk_length=30, n_fft=400, padding_value=0.0
@@ -220,6 +221,8 @@ def assemble(
             if bars:
                 hf_logging.enable_progress_bar()
         (tmp / MANIFEST).write_text(json.dumps(_provenance(whisper, smollm2, seed), indent=2) + "\n")
+        for file in tmp.iterdir():  # some writers leave 0600 files
+            os.chmod(file, 0o666 & ~umask)
         if force and out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.rename(out, old)

@@ -200,9 +200,15 @@ def whisper_config(path: str | Path | None = None, variables: dict[str, np.ndarr
             raise CT2FormatError(path, f"{n} heads do not divide d_model {d_model}", f"{side}/num_heads")
     extra = _extra_config(path.parent)
     tokens = extra.get("tokens", {})
-    eot = tokens.get("<|endoftext|>", 50256)
+    vocab = int(embeddings.shape[0])
+
+    def token(name: str, default: int) -> int | None:  # Whisper's ids; none where the vocabulary is smaller
+        value = tokens.get(name, default)
+        return value if 0 <= value < vocab else None
+
+    eot = token("<|endoftext|>", 50256)
     return WhisperConfig(
-        vocab_size=int(embeddings.shape[0]),
+        vocab_size=vocab,
         num_mel_bins=int(conv1.shape[1]),
         d_model=d_model,
         encoder_layers=_layers(variables, "encoder"),
@@ -219,7 +225,7 @@ def whisper_config(path: str | Path | None = None, variables: dict[str, np.ndarr
         bos_token_id=eot,
         eos_token_id=eot,
         pad_token_id=eot,
-        decoder_start_token_id=tokens.get("<|startoftranscript|>", 50257),
+        decoder_start_token_id=token("<|startoftranscript|>", 50257) if vocab > 50257 else vocab - 1,
         suppress_tokens=extra.get("suppress_ids"),
         begin_suppress_tokens=extra.get("suppress_ids_begin"),
     )
@@ -352,7 +358,10 @@ def _ct2_name(key: str) -> str:
         return key.replace(".", "/")
     block = {"self_attn": "self_attention/linear_0", "encoder_attn": "attention/linear_0", "fc1": "ffn/linear_0", "fc2": "ffn/linear_1"}
     block.update(self_attn_layer_norm="self_attention/layer_norm", encoder_attn_layer_norm="attention/layer_norm", final_layer_norm="ffn/layer_norm")
-    return f"{m[1]}/layer_{m[2]}/{block.get(m[3], m[3])}"
+    leaf = m[4].rsplit(".", 1)[-1]
+    if m[3].endswith("layer_norm"):
+        leaf = {"weight": "gamma", "bias": "beta"}.get(leaf, leaf)
+    return f"{m[1]}/layer_{m[2]}/{block.get(m[3], m[3])}/{leaf}"
 
 
 def load_whisper(path: str | Path | None = None, dtype=None):
