@@ -163,3 +163,22 @@ def test_fit_prints_a_one_line_refusal_before_building(tmp_path, toy_movie, make
     assert err.strip().splitlines()[-1] == "agentcap: --model.beta must be ≥ 0, got -0.1"
     assert "Traceback" not in err
     assert not (tmp_path / "run" / "tokenizers").exists()  # no agent was built
+
+
+# --- sizes against the host memory (agentcap.core.bounds) ------------------------------------------
+@pytest.mark.parametrize("key", ["rollout_batch_size", "sft_batch_size"])
+def test_a_batch_that_cannot_fit_the_host_is_refused_before_anything_is_built(key, no_building):
+    settings = {key: 1_000_000_000, **({"group_size": 1_000_000_000} if key == "rollout_batch_size" else {})}
+    with pytest.raises(ConfigError, match=rf"^--model\.{key} 1000000000: 1000000000 \w+ per step need at least "
+                                          r"[\d.]+ GiB of host memory .* more than the [\d.]+ GiB here; lower them$"):
+        module(**settings)
+
+
+def test_the_batch_floor_is_a_lower_bound_and_the_shipped_sizes_pass():
+    from agentcap.core.bounds import batch_floor, check_batch, host_memory_bytes
+
+    assert batch_floor(64, 24) == 64 * (4096 + 24 * 32)
+    assert 0 < host_memory_bytes()
+    check_batch({"--model.rollout_batch_size": 64}, 64, 24, limit=2 * 1024**3)  # the READ demo's batch
+    with pytest.raises(ConfigError, match="lower them"):
+        check_batch({"--model.rollout_batch_size": 1024}, 1024, 64, limit=1024**2)

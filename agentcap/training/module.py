@@ -193,7 +193,7 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         if "grpo" in kinds:
             check_batch({"--model.rollout_batch_size": rollout_batch_size}, rollout_batch_size, tokens)
         if "sft" in kinds:
-            check_batch({"--model.sft_batch_size": sft_batch_size}, sft_batch_size, tokens)
+            check_batch({"--model.sft_batch_size": sft_batch_size}, sft_batch_size, tokens, unit="items")
         RolloutPipeline.check(max_staleness, agents)
         check_trainable_precision(agents, stages)
         super().__init__()
