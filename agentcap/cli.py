@@ -28,7 +28,7 @@ from agentcap.parallel.loading import load_by_shard
 from agentcap.parallel.signals import StopOnSignal, stop_on_signals
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint, usable_checkpoint
 from agentcap.resume.configs import config_paths, read_config
-from agentcap.resume.run_dir import RunLock, check_writable
+from agentcap.resume.run_dir import RunLock, check_writable, logger_run_id
 from agentcap.training.callbacks import print_results
 from agentcap.training.finite import NonFiniteError
 from agentcap.training.module import GRPOModule
@@ -152,13 +152,18 @@ class AgentcapCLI(LightningCLI):
                 self._lock.release()
 
     def before_fit(self) -> None:
+        self._resume_or_refuse()
+        if self.trainer.is_global_zero:  # accepted: only now may a logger start its run
+            continue_logger_runs(self.trainer.loggers, self.model.run_dir)
+        self.log_config()
+
+    def _resume_or_refuse(self) -> None:
         kwargs = self.config_init[self.subcommand]
         run_dir, mode = self.model.run_dir, self.run_config.get("resume", "auto")
         if self.trainer.is_global_zero:  # the process that trains owns the run_dir; other ranks are its own
             self._lock = RunLock(run_dir).acquire()
             if mode == "fresh" and kwargs.get("ckpt_path") is None:
                 move_aside(run_dir)  # before anything (a logger) writes the new run's files
-        self.log_config()
         if kwargs.get("ckpt_path") is not None:
             kwargs["weights_only"] = True  # checked by _parse_ckpt_path
             return
@@ -223,6 +228,18 @@ class AgentcapCLI(LightningCLI):
             self.print_results()
 
     after_test = after_validate
+
+
+def continue_logger_runs(loggers: Any, run_dir: str) -> None:
+    """One W&B run per run_dir: a ``WandbLogger`` given no ``id`` logs to the run whose id
+    ``<run_dir>/wandb_id`` holds (made by the first fit), resumed (``resume="allow"``), so a restarted
+    run continues its curves instead of opening a new run. Called once the config is accepted."""
+    for logger in loggers:
+        init = getattr(logger, "_wandb_init", None)
+        if init is None or init.get("id") or getattr(logger, "_experiment", None) is not None:
+            continue
+        init["id"] = logger._id = logger_run_id(run_dir)
+        init.setdefault("resume", "allow")
 
 
 def child_run_names(logger: Any, subcommand: str | None) -> None:

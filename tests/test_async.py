@@ -209,7 +209,7 @@ def _results(run: Path) -> tuple[dict, dict[str, torch.Tensor], list[dict]]:
     summary = json.loads((run / "summary.json").read_text())
     weights = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     rows = list(csv.DictReader(next(run.rglob("metrics.csv")).open()))
-    return summary, weights, [r for r in rows if r.get("reward/total")]
+    return summary, weights, [r for r in rows if r.get("reward/policy/total")]
 
 
 def test_k1_repeats_exactly_and_logs_its_staleness_and_gap(tmp_path, toy_movie, make_read_config):
@@ -220,7 +220,7 @@ def test_k1_repeats_exactly_and_logs_its_staleness_and_gap(tmp_path, toy_movie, 
     (s1, w1, rows1), (s2, w2, rows2) = runs
     assert s1 == s2
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
-    assert [r["reward/total"] for r in rows1] == [r["reward/total"] for r in rows2]
+    assert [r["reward/policy/total"] for r in rows1] == [r["reward/policy/total"] for r in rows2]
     assert [float(r["async/staleness"]) for r in rows1] == [0.0, 1.0, 1.0, 1.0]
     gaps = [float(r["loss/policy/sampler_gap_mean"]) for r in rows1]
     assert gaps[0] == 0.0 and max(gaps[1:]) > 0  # R_1… come from θ_0…, which the update has left
@@ -264,8 +264,8 @@ def test_k1_kill_and_resume_equals_an_uninterrupted_run(tmp_path, toy_movie, mak
     (s1, w1, rows1), (s2, w2, rows2) = _results(tmp_path / "whole"), _results(tmp_path / "killed")
     assert s1 == s2
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
-    tail = {r["step"]: r["reward/total"] for r in rows2}
-    assert all(tail[r["step"]] == r["reward/total"] for r in rows1 if r["step"] in tail)
+    tail = {r["step"]: r["reward/policy/total"] for r in rows2}
+    assert all(tail[r["step"]] == r["reward/policy/total"] for r in rows1 if r["step"] in tail)
 
 
 @pytest.mark.slow  # `agentcap fit` in subprocesses, 2 DDP ranks

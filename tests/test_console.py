@@ -50,10 +50,10 @@ def test_bar_shows_the_stage_and_only_its_own_metrics(tmp_path, toy_movie, make_
     (sft1, sft2, rl1, rl2, after) = bar.shown
     assert sft1[0] == "[1/3] warmup 1/2" and sft2[0] == "[1/3] warmup 2/2"
     assert rl1[0] == "[2/3] rl 1/2" and rl2[0] == "[2/3] rl 2/2" and after[0] == "[3/3] after 1/1"
-    assert "loss/policy/sft" in sft2[1] and "reward/total" not in sft2[1]
+    assert "loss/policy/sft" in sft2[1] and "reward/policy/total" not in sft2[1]
     for _, metrics in (rl1, rl2):  # the SFT loss is gone once GRPO starts
-        assert "reward/total" in metrics and "loss/policy/sft" not in metrics
-    assert "loss/policy/sft" not in after[1] and "reward/total" not in after[1]
+        assert "reward/policy/total" in metrics and "loss/policy/sft" not in metrics
+    assert "loss/policy/sft" not in after[1] and "reward/policy/total" not in after[1]
     for _, metrics in bar.shown:
         assert "v_num" not in metrics
     assert [m["tick"] for _, m in bar.shown] == ["1/5", "2/5", "3/5", "4/5", "5/5"]

@@ -66,7 +66,7 @@ def test_grpo_trains_under_ddp(tmp_path, toy_movie, make_read_config):
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert state["agentcap"]["tick"] == 5
     metrics = next((tmp_path / "run").rglob("metrics.csv")).read_text().splitlines()[0]
-    assert "reward/accuracy" in metrics and "loss/policy/pg_loss" in metrics
+    assert "reward/policy/accuracy" in metrics and "loss/policy/pg_loss" in metrics
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {"reward", "accuracy"} <= set(summary["after"])
 
@@ -195,7 +195,7 @@ def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes,
         # every logged figure is the global value: losses, ratio, clip fraction, KL, entropy, rewards, lengths
         worst = logged_differences(runs["one"], runs[name])
         assert {"loss/captioner/ratio", "loss/composer/clipfrac", "loss/composer/kl", "loss/captioner/entropy",
-                "reward/total", "rollout/composer/response_length", "loss/captioner/sft"} <= set(worst), sorted(worst)
+                "reward/composer/total", "rollout/composer/response_length", "loss/captioner/sft"} <= set(worst), sorted(worst)
         print(f"1 vs 2 processes ({name}): {len(worst)} logged keys, largest |diff| "
               + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items(), key=lambda kv: -kv[1])[:3]))
         assert all(v < 1e-5 for v in worst.values()), {k: v for k, v in worst.items() if v >= 1e-5}

@@ -82,6 +82,133 @@ def test_config_samples_captions_and_timing_are_logged(run):
         assert name in header, name
 
 
+@pytest.mark.slow  # a Trainer fit (the run fixture)
+def test_the_docs_metrics_table_names_every_logged_key(run):
+    """docs/metrics.md's table against the CSV header of a fit: every logged key matches a documented
+    key pattern (``<agent>``, ``<stage>``, … stand for one path part), and the log lines were printed
+    (stdout is not a terminal here)."""
+    import re
+    from pathlib import Path
+
+    _, run_dir, stdout = run
+    header = next(run_dir.rglob("metrics.csv")).read_text().splitlines()[0].split(",")
+    patterns = documented_keys(Path(__file__).parents[1] / "docs" / "metrics.md")
+    undocumented = [k for k in header if k != "step" and not any(re.fullmatch(p, k) for p in patterns)]
+    assert not undocumented, f"logged but not in docs/metrics.md: {undocumented}"
+    lines = [line for line in stdout.splitlines() if line.startswith("agentcap: [")]
+    assert lines[0].startswith("agentcap: [1/4] sft tick 1/6 policy loss ")
+    assert any(line.startswith("agentcap: [3/4] grpo tick ") and " reward " in line and " clipped " in line
+               for line in lines), lines
+
+
+def documented_keys(path) -> list[str]:
+    """The table's keys as regular expressions: `<name>` is one path part (`<metric>`: one or more)."""
+    import re
+
+    keys = []
+    for line in path.read_text().splitlines():
+        if line.startswith("| `"):
+            for key in re.findall(r"`([^`]+)`", line.split(" | ")[0]):
+                pattern = re.escape(key).replace(re.escape("<metric>"), ".+")
+                keys.append(re.sub(re.escape("<") + r"[a-z_]+" + re.escape(">"), "[^/]+", pattern))
+    return keys
+
+
+def test_clipped_completions_are_those_cut_at_max_new_tokens():
+    from types import SimpleNamespace
+
+    import torch
+
+    from agentcap.rollout.driver import RolloutBatch
+    from agentcap.training.logs import rollout_metrics
+
+    policy = SimpleNamespace(max_new_tokens=3, eos_ids=[9])
+    ids = [[1, 2, 3], [1, 9], [1, 2, 9], [4, 5, 6]]  # cut, stopped, stopped at the budget, cut
+    spans = [SimpleNamespace(agent="policy", kind="answer", trajectory=t, action_index=0, utility=1.0,
+                             completion_ids=torch.tensor(i)) for t, i in enumerate(ids)]
+    scores = [SimpleNamespace(reward=1.0, components={"a": 1.0}, extras={}) for _ in ids]
+    batch = RolloutBatch(episodes=[], scores=scores, spans=spans, turns=[1] * 4, trajectory_ids=[0, 1, 2, 3])
+    metrics = rollout_metrics(batch, spans, "policy", group_size=2, agents={"policy": policy})
+    assert metrics["rollout/policy/clipped"] == 0.5
+    assert metrics["reward/policy/a"] == 1.0 and metrics["reward_std/policy/a"] == 0.0
+
+
+def _fake_module(stages, tick, logged):
+    from types import SimpleNamespace
+
+    from agentcap.core.schedule import Schedule, Stage
+
+    module = SimpleNamespace(schedule=Schedule([Stage(**s) for s in stages], ["policy"]), tick=tick)
+    module.__dict__.update(logged=logged, _logged_tick=tick - 1)
+    return module
+
+
+def test_a_stage_without_spread_warns_once():
+    from types import SimpleNamespace
+
+    from agentcap.training.callbacks import SpreadWatch
+
+    stages = [{"name": "rl", "kind": "grpo", "agent": "policy", "steps": 30}]
+    watch, trainer = SpreadWatch(steps=3), SimpleNamespace(is_global_zero=True)
+    flat = {"utility/answer/zero_spread": 1.0, "loss/policy/grad_norm": 0.0}
+    with pytest.warns(UserWarning, match="zero spread for 3 steps") as caught:
+        for tick in range(1, 7):
+            watch.on_train_batch_end(trainer, _fake_module(stages, tick, flat), None, None, 0)
+    assert len(caught) == 1 and "grad_norm 0" in str(caught[0].message)
+    watch = SpreadWatch(steps=3)  # a step with spread starts the count again
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for tick, spread in enumerate([1.0, 1.0, 0.5, 1.0, 1.0], start=1):
+            logged = {"utility/answer/zero_spread": spread}
+            watch.on_train_batch_end(trainer, _fake_module(stages, tick, logged), None, None, 0)
+
+
+def test_log_lines_name_the_stage_tick_reward_loss_and_time():
+    import io
+    from types import SimpleNamespace
+
+    from agentcap.training.callbacks import LogLines
+
+    stages = [{"name": "rl", "kind": "grpo", "agent": "policy", "steps": 4},
+              {"name": "after", "kind": "evaluate", "split": "test"}]
+    out = io.StringIO()
+    lines, trainer = LogLines(stream=out), SimpleNamespace(is_global_zero=True, progress_bar_callback=None,
+                                                            log_every_n_steps=2)
+    lines.on_train_start(trainer, None)
+    metrics = {"reward/policy/total": 0.25, "reward_std/policy/total": 0.1, "loss/policy/loss": -0.5,
+               "rollout/policy/clipped": 0.125, "utility/answer/zero_spread": 0.5}
+    for tick in range(1, 6):
+        logged = metrics if tick < 5 else {"eval/after/reward": 0.75}
+        lines.on_train_batch_end(trainer, _fake_module(stages, tick, logged), None, None, 0)
+    printed = out.getvalue().splitlines()
+    assert [line.split(" s/tick")[0].rsplit(" ", 1)[0] for line in printed] == [
+        "agentcap: [1/2] rl tick 1/5 policy reward 0.25 ± 0.1 loss -0.5 clipped 0.125 zero_spread 0.50",
+        "agentcap: [1/2] rl tick 2/5 policy reward 0.25 ± 0.1 loss -0.5 clipped 0.125 zero_spread 0.50",
+        "agentcap: [1/2] rl tick 4/5 policy reward 0.25 ± 0.1 loss -0.5 clipped 0.125 zero_spread 0.50",
+        "agentcap: [2/2] after tick 5/5 (test) reward 0.75",
+    ]
+
+
+def test_one_wandb_run_per_run_dir(tmp_path):
+    pytest.importorskip("wandb")
+    from lightning.pytorch.loggers import WandbLogger
+
+    from agentcap.cli import continue_logger_runs
+
+    first = WandbLogger(project="p", save_dir=str(tmp_path), offline=True)
+    continue_logger_runs([first], str(tmp_path))
+    stored = (tmp_path / "wandb_id").read_text().strip()
+    assert first._wandb_init["id"] == stored and first._wandb_init["resume"] == "allow"
+    again = WandbLogger(project="p", save_dir=str(tmp_path), offline=True)
+    continue_logger_runs([again], str(tmp_path))  # a restart: the same run
+    assert again._wandb_init["id"] == stored
+    chosen = WandbLogger(project="p", save_dir=str(tmp_path), offline=True, id="mine")
+    continue_logger_runs([chosen], str(tmp_path))
+    assert chosen._wandb_init["id"] == "mine"
+
+
 @pytest.mark.slow  # a Trainer fit (the run fixture) and a test run
 def test_test_subcommand_prints_the_table_and_logs_a_named_child_run(run, capsys):
     cli, run_dir, _ = run
@@ -122,7 +249,8 @@ def test_rollout_metrics_report_the_spread_inside_groups():
     metrics = rollout_metrics(batch, spans, "policy", group_size=2)
     assert metrics["utility/answer/zero_spread"] == 0.5  # group 0 teaches nothing
     assert metrics["utility/answer/group_std"] == 0.5  # mean of std 0 and std 1
-    assert metrics["reward/total"] == 1.0 and metrics["rollout/turns"] == 1.0
+    assert metrics["reward/policy/total"] == 1.0 and metrics["rollout/turns"] == 1.0
+    assert metrics["reward_std/policy/total"] == pytest.approx(0.5**0.5)  # std of 1, 1, 0, 2
 
 
 def test_update_metrics_add_the_ranks_shares():
@@ -207,5 +335,5 @@ def test_logged_metrics_of_two_processes_equal_one(tmp_path):
         assert two.keys() == one.keys()
         for key, value in one.items():
             assert abs(two[key] - value) < 1e-9, (rank, key, value, two[key])
-    assert one["reward/total"] == sum([0.1, 0.7, 0.4, 0.4, 1.0, 0.2]) / 6
+    assert one["reward/policy/total"] == sum([0.1, 0.7, 0.4, 0.4, 1.0, 0.2]) / 6
     assert one["loss/policy/ratio"] == 1.0 and one["utility/answer/zero_spread"] == 1 / 3

@@ -164,10 +164,10 @@ def test_reward_function_means_are_logged_as_components(tmp_path, rewards_module
     AgentcapCLI(GRPOModule, datamodule_class=None, save_config_kwargs={"overwrite": True},
                 args=["fit", "--config", str(config)])
     rows = list(csv.DictReader(next(run_dir.rglob("metrics.csv")).open()))
-    steps = [r for r in rows if r.get("reward/total")]
+    steps = [r for r in rows if r.get("reward/policy/total")]
     assert len(steps) == 2
     for row in steps:
-        exact, short, total = (float(row[f"reward/{k}"]) for k in ("exact_answer", "brevity", "total"))
+        exact, short, total = (float(row[f"reward/policy/{k}"]) for k in ("exact_answer", "brevity", "total"))
         assert 0.0 <= exact <= 1.0 and 0.0 < short <= 1.0
         assert total == pytest.approx(exact + 0.5 * short)  # every function applies to every row
 

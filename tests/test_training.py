@@ -51,7 +51,8 @@ def test_fit_runs_the_schedule_and_prints_the_summary_last(tmp_path, toy_movie, 
         assert sum(r["reward"] for r in rows.values()) / len(rows) == pytest.approx(stage["reward"])
     # every logged group is there: rewards, losses, rollout statistics
     metrics = next((tmp_path / "run").rglob("metrics.csv")).read_text().splitlines()[0]
-    for name in ("reward/accuracy", "reward/format", "reward/length", "reward/coherence", "loss/policy/pg_loss",
+    for name in ("reward/policy/accuracy", "reward/policy/format", "reward/policy/length", "reward/policy/coherence",
+                 "reward_std/policy/total", "rollout/policy/clipped", "loss/policy/pg_loss",
                  "loss/policy/kl", "loss/policy/clipfrac", "loss/policy/entropy", "rollout/policy/response_length",
                  "loss/policy/sft"):
         assert name in metrics, name
@@ -63,7 +64,7 @@ def test_fit_runs_the_schedule_and_prints_the_summary_last(tmp_path, toy_movie, 
 
     rows = list(csv.DictReader(next((tmp_path / "run").rglob("metrics.csv")).open()))
     sft = [int(r["step"]) for r in rows if r.get("loss/policy/sft")]
-    grpo = [int(r["step"]) for r in rows if r.get("reward/total")]
+    grpo = [int(r["step"]) for r in rows if r.get("reward/policy/total")]
     assert sft == list(range(6)) and grpo == [7, 8, 9]
     assert [int(r["step"]) for r in rows if r.get("eval/before_grpo/reward")] == [6]
 

@@ -115,3 +115,27 @@ def check_writable(run_dir: str, command: str) -> None:
     except OSError as err:
         raise SystemExit(f"{command}: --model.run_dir {run_dir} cannot be written ({folder}: {err.strerror}); "
                          "choose a writable --model.run_dir") from None
+
+
+#: The W&B run id of a run_dir: every restart of the run logs to the same W&B run.
+WANDB_ID = "wandb_id"
+
+
+def logger_run_id(run_dir: str, name: str = WANDB_ID) -> str:
+    """The run_dir's logger run id (``<run_dir>/wandb_id``), made and stored on first use.
+
+    From ``os.urandom``, not ``random``: drawing it must not move a seeded run's random state."""
+    path = os.path.join(run_dir, name)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            stored = handle.read().strip()
+        if stored:
+            return stored
+    except FileNotFoundError:
+        pass
+    run_id = os.urandom(6).hex()
+    os.makedirs(run_dir, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        handle.write(run_id + "\n")
+    os.replace(path + ".tmp", path)
+    return run_id

@@ -5,7 +5,7 @@ A mixin, so that the module file stays the training algorithm; it reads the modu
 ``eval_limit``, ``generation_batch_size``, ``seed``, ``summary``, ``tick``, ``run_dir`` and
 ``eval_metrics``.
 
-Evaluation metrics go to the loggers once, through ``emit``, and to Lightning through ``self.log``
+Evaluation metrics go to the loggers once, through ``GRPOModule._emit``, and to Lightning through ``self.log``
 with ``logger=False``: that fills ``trainer.callback_metrics`` (``ModelCheckpoint`` /
 ``EarlyStopping`` can monitor ``eval/<stage>/<metric>``) without the loggers seeing a value
 repeated at every later tick.
@@ -35,7 +35,7 @@ from agentcap.evaluation.predictions import write_predictions
 from agentcap.evaluation.rollouts import evaluate_rollouts, write_summary
 from agentcap.evaluation.tasks import caption_text
 from agentcap.parallel import distributed
-from agentcap.training.logs import emit, log_captions
+from agentcap.training.logs import log_captions
 
 
 class EvaluationHooks:
@@ -74,7 +74,7 @@ class EvaluationHooks:
             result.update(self.stage_benchmark(stage, driver, rows))
         self.summary[stage.name] = result
         metrics = {f"eval/{stage.name}/{k}": v for k, v in result.items()}
-        emit(self.loggers, metrics, self.tick)
+        self._emit(metrics)  # GRPOModule._emit: every logger, and the tick's log line
         self.log_dict(metrics, logger=False, batch_size=1)  # the same on every rank (gathered rows)
         if distributed.world()[0] == 0:
             write_eval_items(self.run_dir, stage.name, rows)

@@ -11,7 +11,7 @@ import math
 import resource
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,9 +46,15 @@ def _cell(value: Any) -> Any:
     return " | ".join(value) if isinstance(value, list) else value
 
 
-def rollout_metrics(batch: RolloutBatch, spans: Sequence[Span], agent: str, group_size: int) -> dict[str, float]:
-    """Rewards and their components, episode extras, response lengths, turns, generate calls and the
+def rollout_metrics(
+    batch: RolloutBatch, spans: Sequence[Span], agent: str, group_size: int, agents: Mapping[str, Any] | None = None
+) -> dict[str, float]:
+    """Rewards and their components (mean and std), episode extras, response lengths, the share of
+    completions cut at ``max_new_tokens`` per agent (with ``agents``), turns, generate calls and the
     raw utilities per action kind of one GRPO step, over every process's trajectories.
+
+    Reward keys name the trained agent (``reward/<agent>/total``): the stages of a schedule that
+    train different agents (ACE-Cap's Captioner, Instruct, Composer) are separate curves.
 
     Each rank's trajectories and trained spans are gathered and ordered by their global position, so
     every figure is computed from the same numbers in the same order as one process would (N
@@ -61,14 +67,25 @@ def rollout_metrics(batch: RolloutBatch, spans: Sequence[Span], agent: str, grou
         for t, score in enumerate(batch.scores)
     ]
     trained = [(ids[s.trajectory], s.action_index, s.kind, float(s.utility), s.completion_ids.numel()) for s in spans]
-    parts = gather_objects((trajectories, trained, dict(batch.generate_calls)))
+    cut = [(s.agent, clipped(s, agents[s.agent])) for s in batch.spans if s.agent in agents] if agents else []
+    parts = gather_objects((trajectories, trained, dict(batch.generate_calls), cut))
     trajectories = sorted(t for part in parts for t in part[0])
     trained = sorted(s for part in parts for s in part[1])
 
-    # the reward and each component: the synced means of the rewards' Metric (torchmetrics)
-    rewards = RewardMetric(sorted({k for _, _, components, _, _ in trajectories for k in components}))
+    # the reward and each component: the synced means of the rewards' Metric (torchmetrics), and their spread
+    names = sorted({k for _, _, components, _, _ in trajectories for k in components})
+    rewards = RewardMetric(names)
     rewards.update(batch.scores)
-    metrics = {f"reward/{k}": v for k, v in rewards.compute().items() if trajectories}
+    metrics = {f"reward/{agent}/{k}": v for k, v in rewards.compute().items() if trajectories}
+    for name in ["total", *names] if trajectories else []:
+        values = [reward if name == "total" else components.get(name) for _, reward, components, _, _ in trajectories]
+        metrics[f"reward_std/{agent}/{name}"] = float(np.std([float(v) for v in values if v is not None]))
+    clip: dict[str, list[bool]] = defaultdict(list)
+    for part in parts:
+        for name, was_cut in part[3]:
+            clip[name].append(was_cut)
+    for name, flags in sorted(clip.items()):  # completions that hit max_new_tokens before their EOS
+        metrics[f"rollout/{name}/clipped"] = float(np.mean(flags))
     extras: dict[str, list[float]] = defaultdict(list)
     for *_, episode_extras, _ in trajectories:
         for k, v in episode_extras.items():
@@ -95,6 +112,12 @@ def rollout_metrics(batch: RolloutBatch, spans: Sequence[Span], agent: str, grou
         metrics[f"utility/{kind}/group_std"] = float(np.mean([np.std(v) for v in groups]))
         metrics[f"utility/{kind}/zero_spread"] = float(np.mean([np.ptp(v) == 0 for v in groups]))
     return metrics
+
+
+def clipped(span: Span, agent: Any) -> bool:
+    """Whether the completion was cut at the agent's ``max_new_tokens`` (it does not end in an EOS)."""
+    ids = span.completion_ids
+    return ids.numel() >= agent.max_new_tokens and (ids.numel() == 0 or int(ids[-1]) not in agent.eos_ids)
 
 
 #: Update statistics that are each rank's share of a globally weighted mean (the loss weights are
