@@ -205,3 +205,37 @@ def test_float64_logprobs_give_a_float64_loss(mode):
     assert abs(float(out["loss"] - expected)) < 1e-15
     default = clipped_objective(logprobs, old, advantages, mask)  # default weights follow the log-probs too
     assert default["loss"].dtype == torch.float64
+
+
+@pytest.mark.slow  # builds a READ module on the toy movie (~10 s on the shared CPU)
+def test_the_harness_runs_the_modules_own_update(tmp_path, toy_movie, make_read_config):
+    """training.harness outside a Trainer: a module's own update (stage begun as training begins it)
+    and the harness's call of the same function on the same agent give the same figures and weights."""
+    import copy
+
+    from agentcap.training.loading import load_module
+    from agentcap.training.optim import build_optimizer
+
+    stages = [{"name": "grpo", "kind": "grpo", "agent": "policy", "steps": 2}]
+    config = make_read_config(tmp_path / "run", toy_movie, stages, beta=0.1, minibatch_size=3, micro_batch_size=2)
+    torch.manual_seed(0)
+    module = load_module(str(config), None)
+    harness = UpdateHarness.of_module(module, 0)
+    agent = module.agents["policy"]
+    batch = module._rollout(module.schedule.stages[0], 0, 0)(None)  # the module's own rollout of step 0
+    spans = batch.spans_of("policy")
+    keys = [(batch.trajectory_ids[s.trajectory], s.action_index) for s in spans]
+    for i, span in enumerate(spans):
+        span.utility = float(i % 3)
+    from agentcap.training.update import set_advantages
+
+    set_advantages(spans, module.eps_norm, module.advantage_std)  # what grpo_step calls
+    start, twins = copy.deepcopy(agent.state_dict()), copy.deepcopy(spans)
+    got = harness.update(spans, keys)
+    assert module.tick == 1 and got["grad_norm"] > 0
+    after = copy.deepcopy(agent.state_dict())
+    agent.load_state_dict(start)
+    optimizer = build_optimizer(agent, module._optimizer.param_groups[0]["lr"], module.weight_decay)  # _begin_stage's
+    again = UpdateHarness(agent, module.update_settings, optimizer=optimizer, reference=module._reference).update(twins, keys)
+    assert again == got
+    assert all(torch.equal(v, after[k]) for k, v in agent.state_dict().items())
