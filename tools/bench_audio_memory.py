@@ -8,6 +8,7 @@ held before the call (``ru_maxrss``), next to the bytes kept (float32 at the tar
 
     python tools/bench_audio_memory.py                          # 2 GB and 200 MB, max_seconds=30
     python tools/bench_audio_memory.py --sizes 50M --max-seconds 10
+    python tools/bench_audio_memory.py --smoke                  # one 2 MB file (CI)
     python tools/bench_audio_memory.py --worker load --path x.wav --max-seconds 30   # one process
 """
 
@@ -85,9 +86,12 @@ def main() -> None:
     parser.add_argument("--sample-rate", type=int, default=16000, help="the rate the env asks for")
     parser.add_argument("--file-rate", type=int, default=16000, help="the WAV's own rate (differs: resampled)")
     parser.add_argument("--dir", default=None, help="where the sparse files go (default: a temporary folder)")
+    parser.add_argument("--smoke", action="store_true", help="one 2 MB file, max_seconds=1 (CI)")
     parser.add_argument("--worker", choices=["load", "check"], help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.max_seconds = "2M", 1.0
     if args.worker:
         print(json.dumps(worker(args.worker, args.path, args.sample_rate, args.max_seconds)))
         return

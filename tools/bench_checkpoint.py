@@ -2,6 +2,7 @@
 
     .venv/bin/python tools/bench_checkpoint.py                 # SmolLM2-135M dimensions, 2 gloo processes
     .venv/bin/python tools/bench_checkpoint.py --procs 4 --layers 8
+    .venv/bin/python tools/bench_checkpoint.py --smoke          # a tiny Llama (CI)
 
 Each process builds a Llama of the given dimensions (random weights), shards it with FSDP2 as
 ``grpo_fsdp`` does (``agentcap.parallel.sharding``), takes one AdamW step, then checkpoints its
@@ -114,7 +115,10 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=9)
     parser.add_argument("--kv_heads", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--smoke", action="store_true", help="a 2-layer Llama of width 64, 2 processes (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.procs, args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads, args.vocab = 2, 64, 128, 2, 4, 2, 512
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

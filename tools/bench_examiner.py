@@ -8,6 +8,7 @@ readout, side by side. It also times READ's ROUGE accuracy reward against a plai
 
     python tools/bench_examiner.py                       # SmolLM2-135M-Instruct if installed
     python tools/bench_examiner.py --model path/to/hf-model --questions 256 --batch-size 64
+    python tools/bench_examiner.py --smoke               # the smallest setting (CI)
 """
 
 from __future__ import annotations
@@ -220,11 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dense", action="store_true",
                         help="captions of every event type (longer, more questions each) instead of 1-3 events")
     parser.add_argument("--no-options", action="store_true", help="leave out the option-scoring readout")
+    parser.add_argument("--smoke", action="store_true", help="4 questions, one round, 20 ROUGE pairs (CI)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.smoke:
+        args.questions, args.batch_size, args.gen_tokens, args.repeats, args.rouge_pairs = 4, 4, 2, 1, 20
     if args.questions < 1:
         raise SystemExit(f"--questions must be >= 1, got {args.questions}")
     bench_examiner(args)

@@ -2,6 +2,7 @@
 and the lines each prints: help must answer without importing torch or Lightning.
 
     python tools/bench_help.py [--runs 3]
+    python tools/bench_help.py --smoke     # one run of `agentcap --help` (CI)
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ AGENTCAP = os.path.join(os.path.dirname(sys.executable), "agentcap")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="one run of `agentcap --help` only")
     args = parser.parse_args()
-    for command in (["--help"], ["caption", "--help"], ["fit", "--help"], ["fit", "--help=full"]):
+    commands = [["--help"], ["caption", "--help"], ["fit", "--help"], ["fit", "--help=full"]]
+    if args.smoke:
+        args.runs, commands = 1, commands[:1]
+    for command in commands:
         times, lines = [], 0
         for _ in range(args.runs):
             start = time.perf_counter()

@@ -4,6 +4,7 @@ meta, sharded, each process reads only its rows of the safetensors files; agentc
 
     .venv/bin/python tools/bench_loading.py                      # a random Llama of real dimensions
     .venv/bin/python tools/bench_loading.py --folder runs/models/smollm2
+    .venv/bin/python tools/bench_loading.py --smoke              # a tiny Llama, N = 1 and 2 (CI)
 
 N = 1 is today's full load (no sharding), then N = 2 and 4 gloo processes on the CPU, each path
 once per N, interleaved, one process group per measurement. Each process resets its peak RSS after
@@ -101,7 +102,10 @@ def main(argv=None) -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--smoke", action="store_true", help="a Llama of width 64, 2 layers; N = 1 and 2 (CI)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.hidden, args.layers, args.vocab, args.ranks = 64, 2, 512, [2]
     folder = args.folder or random_llama(Path("runs/bench_loading") / f"llama-{args.hidden}x{args.layers}",
                                          args.hidden, args.layers, args.vocab)
     from transformers import AutoConfig, AutoModelForCausalLM

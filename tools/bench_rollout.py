@@ -34,7 +34,10 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--smoke", action="store_true", help="batch 2, 2 new tokens, one timed call (CI, vLLM env)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.batch, args.max_new_tokens, args.repeats = 2, 2, 1
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     import torch
 

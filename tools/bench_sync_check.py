@@ -17,11 +17,20 @@ import time
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="a plain HF folder (e.g. the re-saved SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", default=None,
+                        help="a plain HF folder (default: the re-saved SmolLM2-135M-Instruct, agents.gguf.cached_smollm2)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--smoke", action="store_true", help="float32 only (CI, vLLM env)")
     args = parser.parse_args()
+    if args.smoke:
+        args.dtypes = ["float32"]
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from agentcap.agents.agent import AgentConfig, build_agent
+
+    if args.model is None:
+        from agentcap.agents.gguf import cached_smollm2
+
+        args.model = str(cached_smollm2())
 
     rows = []
     for dtype in args.dtypes:
