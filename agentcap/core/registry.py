@@ -63,8 +63,37 @@ def check_env_id(env_id: str, key: str = "--model.env.id") -> None:
     )
 
 
+def check_env_kwargs(env_id: str, kwargs: dict[str, Any], key: str = "--model.env.kwargs") -> None:
+    """Refuse keyword arguments the environment's class does not take, in one line naming them and the
+    ones it takes, instead of the ``TypeError`` from deep inside ``gymnasium.make`` (e.g. a
+    TextRewards config's ``reward_funcs`` given to another environment with ``--model.env.id``)."""
+    import inspect
+
+    from gymnasium.envs.registration import load_env_creator, registry
+
+    spec = registry.get(env_id.rpartition(":")[2])
+    if spec is None or spec.entry_point is None:
+        return
+    try:
+        creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+        parameters = inspect.signature(creator).parameters.values()
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return  # gymnasium.make reports it
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    taken = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set({**spec.kwargs, **kwargs}) - set(taken) - {"render_mode"})
+    if unknown:
+        entry = spec.entry_point if isinstance(spec.entry_point, str) else getattr(creator, "__qualname__", creator)
+        raise ConfigError(
+            f"{key}: {env_id!r} ({entry}) takes no {', '.join(repr(u) for u in unknown)}; its arguments: "
+            f"{', '.join(taken)}. Were they meant for another environment (the config's own env.id)?"
+        )
+
+
 def make_env(env_id: str, kwargs: dict[str, Any], key: str = "--model.env.id") -> gym.Env:
     """``gymnasium.make(env_id, **kwargs)`` after the plugins are registered and the id is checked
-    (:func:`check_env_id`; ``key`` is the setting the error names)."""
+    (:func:`check_env_id`, :func:`check_env_kwargs`; ``key`` is the setting the error names)."""
     check_env_id(env_id, key)
+    check_env_kwargs(env_id, kwargs)
     return gym.make(env_id, **kwargs)

@@ -17,7 +17,7 @@ import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from agentcap.agents.agent import Agent
-from agentcap.core.registry import check_env_id, make_env
+from agentcap.core.registry import check_env_id, check_env_kwargs, make_env
 from agentcap.core.schedule import Stage
 from agentcap.parallel.distributed import world
 from agentcap.rollout.driver import RolloutDriver
@@ -45,6 +45,8 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         check_env_id(self.id)  # a typo is refused with the config, before any model loads
+        for split in ("train", "val", "test"):  # and keyword arguments meant for another environment
+            check_env_kwargs(self.id, {**self.kwargs, **getattr(self, split)})
 
     def make(self, split: str, overrides: dict[str, Any] | None = None, **extra) -> gym.Env:
         kwargs = {**self.kwargs, **getattr(self, split), **(overrides or {}), **extra}

@@ -212,7 +212,24 @@ class EvaluationStops(L.Callback):
     validation: a whole schedule is one epoch, whose end is the only check Lightning makes itself.
 
     A monitor no evaluation has logged yet is left for later (Lightning's own end-of-fit check still
-    refuses one that never appears, when ``strict``)."""
+    refuses one that never appears, when ``strict``); one of a split no evaluate stage uses
+    (``val/reward`` on a schedule that evaluates ``test``) is refused when the fit starts."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        schedule = getattr(pl_module, "schedule", None)
+        if schedule is None:
+            return
+        splits = sorted({s.split for s in schedule.stages if s.kind == "evaluate"})
+        for callback in trainer.callbacks:
+            if not isinstance(callback, EarlyStopping) or not callback.strict:
+                continue
+            split, _, metric = str(callback.monitor).partition("/")
+            if split in ("train", "val", "test") and metric and split not in splits:
+                alternatives = ", ".join(f"{s}/{metric}" for s in splits) or "none: no stage evaluates"
+                raise ValueError(
+                    f"EarlyStopping(monitor={callback.monitor!r}): no evaluate stage of the schedule uses the "
+                    f"{split!r} split, so it would never be logged (what is: {alternatives})"
+                )
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int):
         index, _ = pl_module.schedule.locate(pl_module.tick - 1)
