@@ -67,6 +67,7 @@ class ADClipEnv(CaptionEnv):
     """
 
     required_fields = {"id": str, "duration": (int, float), "characters": list, "ad": str, "context": list}
+    scoring_fields = frozenset({"ad"})  # the reference AD; inference reads the clip, its cast and context
     #: The reference caption of an item (``agentcap evaluate``).
     reference_field = "ad"
     max_actions = 1  # single step
@@ -107,7 +108,7 @@ class ADClipEnv(CaptionEnv):
 
     def check_item(self, row: dict[str, Any], where: str) -> None:
         check_duration(row, where)
-        if not row["ad"].strip():
+        if "ad" in row and not (isinstance(row["ad"], str) and row["ad"].strip()):
             raise ManifestError(f"{where}: field 'ad' (the reference AD) is empty")
         if "features" not in row and "frames" not in row:
             raise ManifestError(f"{where}: row needs 'features' (a .npy path) or 'frames'")

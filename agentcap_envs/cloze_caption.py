@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
-from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
+from agentcap.core.manifests import ManifestError, audio_id, check_audio, check_duration, load_audio, resolve, warn_truncation
 from agentcap.judges.build import build_examiner, build_temporal_examiner
 from agentcap.judges.pool import sharded as judges_sharded
 from agentcap.judges.questions import BLANK, Question, question_bank
@@ -78,6 +78,7 @@ class ClozeCaptionEnv(CaptionEnv):
     """
 
     required_fields = {"id": str, "audio": str, "caption": str, "cloze": list, "anchors": list}
+    scoring_fields = frozenset({"caption", "cloze", "anchors"})  # inference reads the audio alone
     max_actions = 1  # single step
 
     def __init__(
@@ -122,8 +123,16 @@ class ClozeCaptionEnv(CaptionEnv):
     def check_item(self, row: dict[str, Any], where: str) -> None:
         check_duration(row, where)
         row.setdefault("duration", check_audio(row, "audio", where, self.max_seconds))  # a corrupt file fails here, at load
-        if not row["caption"].strip():
+        if "caption" in row and not (isinstance(row["caption"], str) and row["caption"].strip()):
             raise ManifestError(f"{where}: field 'caption' (the gold caption) is empty")
+        if "cloze" in row:
+            self._check_cloze(row, where)
+        if "anchors" in row:
+            self._check_anchors(row, where)
+
+    def _check_cloze(self, row: dict[str, Any], where: str) -> None:
+        if not isinstance(row["cloze"], list):
+            raise ManifestError(f"{where}: field 'cloze' must be a list, got {type(row['cloze']).__name__}")
         if not row["cloze"]:
             raise ManifestError(f"{where}: field 'cloze' is empty; every clip needs at least one question")
         row["_questions"] = [Question.from_row(q, f"{where}: cloze[{j}]") for j, q in enumerate(row["cloze"])]
@@ -133,6 +142,10 @@ class ClozeCaptionEnv(CaptionEnv):
                     f"{where}: cloze[{j}]: field 'passage' has no blank (three or more underscores), "
                     f"got {question.passage!r}"
                 )
+
+    def _check_anchors(self, row: dict[str, Any], where: str) -> None:
+        if not isinstance(row["anchors"], list):
+            raise ManifestError(f"{where}: field 'anchors' must be a list, got {type(row['anchors']).__name__}")
         if not row["anchors"]:
             raise ManifestError(f"{where}: field 'anchors' is empty; ECTR needs at least one event anchor")
         for j, anchor in enumerate(row["anchors"]):
@@ -145,7 +158,8 @@ class ClozeCaptionEnv(CaptionEnv):
 
     def item_from_audio(self, path: str) -> dict[str, Any]:
         """An unlabelled item for inference on a raw audio file."""
-        row = {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "cloze": [], "anchors": []}
+        # the id is the file's stem, as `agentcap data convert` names a clip (birds.wav → birds)
+        row = {"id": audio_id(path), "audio": os.path.abspath(path), "caption": "", "cloze": [], "anchors": []}
         row["duration"] = check_audio(row, "audio", path, self.max_seconds)  # a missing, empty or undecodable file is named here
         return row
 

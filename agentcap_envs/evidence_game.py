@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
-from agentcap.core.manifests import ManifestError, check_audio, check_duration, load_audio, resolve, warn_truncation
+from agentcap.core.manifests import ManifestError, audio_id, check_audio, check_duration, load_audio, resolve, warn_truncation
 from agentcap.judges.build import build_examiner
 from agentcap.judges.evidence import evidence_states, serialize_evidence
 from agentcap.judges.questions import Question, question_bank, sentences
@@ -112,6 +112,7 @@ class EvidenceGameEnv(CaptionEnv):
 
     required_fields = {"id": str, "audio": str, "caption": str, "mcq": list}
 
+    scoring_fields = frozenset({"caption", "mcq"})  # inference reads the audio alone
     @staticmethod
     def acting_roles(mode: str = "game", **_) -> set[str]:
         """The roles that act in an episode of ``mode`` (the engines a stage keeps awake: training.engines)."""
@@ -170,7 +171,7 @@ class EvidenceGameEnv(CaptionEnv):
     def check_item(self, row: dict[str, Any], where: str) -> None:
         check_duration(row, where)
         row.setdefault("duration", check_audio(row, "audio", where, self.max_seconds))  # a corrupt file fails here, at load
-        if not row["mcq"]:
+        if "mcq" in row and not (isinstance(row["mcq"], list) and row["mcq"]):
             raise ManifestError(f"{where}: field 'mcq' (the gold MCQ bank) is empty")
         # the warm start's demonstrations read these; refuse them here, not as a bare KeyError there
         short = row.get("short_caption")
@@ -186,10 +187,10 @@ class EvidenceGameEnv(CaptionEnv):
                 if not isinstance(pair.get(name), str) or not pair[name].strip():
                     got = "missing" if name not in pair else repr(pair[name])
                     raise ManifestError(f"{where}: qa[{j}]: field {name!r} must be a non-empty string, got {got}")
-        row["_questions"] = [Question.from_row(q, f"{where}: mcq[{j}]") for j, q in enumerate(row["mcq"])]
+        row["_questions"] = [Question.from_row(q, f"{where}: mcq[{j}]") for j, q in enumerate(row.get("mcq", []))]
 
     def item_from_audio(self, path: str) -> dict[str, Any]:
-        row = {"id": os.path.basename(path), "audio": os.path.abspath(path), "caption": "", "mcq": []}
+        row = {"id": audio_id(path), "audio": os.path.abspath(path), "caption": "", "mcq": []}
         row["duration"] = check_audio(row, "audio", path, self.max_seconds)  # a missing, empty or undecodable file is named here
         return row
 

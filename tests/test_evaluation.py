@@ -190,7 +190,7 @@ def test_logp_masked_logp_and_ppl(tmp_path):
     captions = [PAIRS[2]["caption"], PAIRS[2]["reference"], PAIRS[3]["caption"]]  # the 2nd copies its context
     out = coherence_metrics(scorer, contexts, captions, ngram=3)
     # plain mean token log-prob by hand, for the first two (the third has no context: not scored)
-    by_hand = []
+    by_hand, lengths = [], []
     for context, caption in zip(contexts[:2], captions[:2]):
         tok = scorer.tokenizer
         prefix = [tok.eos_token_id] + tok("".join(c + "\n" for c in context), add_special_tokens=False)["input_ids"]
@@ -199,8 +199,12 @@ def test_logp_masked_logp_and_ppl(tmp_path):
         with torch.no_grad():
             logprobs = scorer.model(input_ids=ids).logits.log_softmax(-1)[0]
         by_hand.append(float(sum(logprobs[len(prefix) + t - 1, tid] for t, tid in enumerate(target)) / len(target)))
+        lengths.append(len(target))
     assert out["logp"] == pytest.approx(sum(by_hand) / 2, abs=1e-5)
-    assert out["ppl"] == pytest.approx(sum(math.exp(-v) for v in by_hand) / 2, rel=1e-5)
+    # corpus perplexity: exp of the mean NLL over every scored token, not a mean of per-AD perplexities
+    nll = -sum(v * n for v, n in zip(by_hand, lengths)) / sum(lengths)
+    assert out["ppl"] == pytest.approx(math.exp(nll), rel=1e-5)
+    assert out["ppl"] != pytest.approx(sum(math.exp(-v) for v in by_hand) / 2, rel=1e-6)
     # Eq. 4: the copy of the context is fully masked, so only the first AD counts
     assert out["masked_logp"] == pytest.approx(float(scorer.score(contexts[:1], captions[:1], n=3)[0]), abs=1e-9)
 

@@ -35,6 +35,13 @@ def caption_command(argv: list[str]) -> int:
     parser.add_argument("--out", default="captions.jsonl", help="JSONL output")
     parser.add_argument("--limit", type=int, default=None, help="caption at most this many items")
     args = parser.parse_args(argv)
+    from agentcap.core.env import inference_rows
+
+    with inference_rows():  # a row needs its media, not the fields only scoring reads (gold, banks, anchors)
+        return _caption(args)
+
+
+def _caption(args: argparse.Namespace) -> int:
     from agentcap.core.manifests import NoUsableRows
     from agentcap.resume.checkpoints import latest_checkpoint
     from agentcap.training.loading import load_module

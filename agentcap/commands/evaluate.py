@@ -28,11 +28,12 @@ SPLITS = ("test", "val", "train")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentcap evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    source = p.add_mutually_exclusive_group(required=True)
+    source = p.add_mutually_exclusive_group()  # one of them is needed, unless --benchmark has --predictions
     source.add_argument("--run", help="a run directory (holds config.yaml and checkpoints/last.ckpt)")
     source.add_argument("--config", help="a training config (agents + environment)")
     source.add_argument("--env", help="a registered environment id, with --manifest and --predictions")
-    p.add_argument("--predictions", help="JSONL of {id, caption[, context]} rows to score instead of captioning")
+    p.add_argument("--predictions", help="JSONL of {id, caption[, context]} rows to score instead of captioning "
+                   "(with --benchmark: the clips' captions, by row id or audio file stem)")
     p.add_argument("--manifest", help="the items to score against (default: the config's split)")
     p.add_argument("--split", choices=SPLITS, default="test", help="the config's split (default: test)")
     p.add_argument("--env-kwargs", default="{}", help="JSON keyword arguments of --env (e.g. a scorer folder)")
@@ -54,7 +55,8 @@ def read_predictions(path: str) -> list[dict[str, Any]]:
 
     if not os.path.isfile(path):
         raise SystemExit(f"agentcap evaluate: --predictions {path!r} not found")
-    rows = []
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
@@ -66,10 +68,16 @@ def read_predictions(path: str) -> list[dict[str, Any]]:
                 raise SystemExit(f"agentcap evaluate: {err}") from None
             except json.JSONDecodeError as err:
                 raise SystemExit(f"agentcap evaluate: {path}:{number}: not valid JSON ({err.msg})") from None
+            if isinstance(row, dict) and row.get("caption") is None and row.get("error"):
+                skipped.append(f"{path}:{number}: {row.get('error')}")  # a row `agentcap caption` refused
+                continue
             if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("caption"), str):
                 raise SystemExit(f"agentcap evaluate: {path}:{number}: expected an object with 'id' and a "
                                  f"string 'caption', got {line.strip()[:120]!r}")
             rows.append(row)
+    if skipped:
+        print(f"agentcap evaluate: {len(skipped)} rows of {path} have no caption (refused or failed when "
+              f"captioned) and are left out, e.g. {skipped[0]}", file=sys.stderr)
     return rows
 
 
@@ -84,9 +92,23 @@ def match(items: list[dict[str, Any]], rows: list[dict[str, Any]], where: str) -
 
 
 def evaluate_command(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     if args.benchmark:
         return benchmark_command(args)
+    if not (args.run or args.config or args.env):
+        p.error("one of the arguments --run --config --env is required")
+    from agentcap.core.env import inference_rows
+    from agentcap.core.manifests import ManifestError
+
+    try:  # rows need what captioning reads; scoring says which metrics the fields present allow
+        with inference_rows():
+            return _evaluate(args)
+    except ManifestError as err:  # a refused manifest row: one line naming file, line and field
+        raise SystemExit(f"agentcap evaluate: {err}") from None
+
+
+def _evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from agentcap.core.registry import UnknownEnvError, make_env
@@ -137,6 +159,9 @@ def evaluate_command(argv: list[str]) -> int:
             rows = env.caption(driver, items)
         where = config
     items = match(env.items, rows, where)
+    unscored = unscored_metrics(env, items)
+    for line in unscored:
+        print(f"agentcap evaluate: {line}", file=sys.stderr)
     with CaptionMetrics(meteor=False if args.no_meteor else None) as captioning:
         warn(captioning.notes)
         try:
@@ -145,6 +170,9 @@ def evaluate_command(argv: list[str]) -> int:
             raise SystemExit(f"agentcap evaluate: {err}") from None
     result.update(ad_eval_metrics(args.ad_eval, env, items, rows))
     result.update(skipped_metrics(env, result, args.no_meteor))
+    total = len(env.items)
+    if args.limit and len(rows) < total:  # a part of the split: the table's column says so
+        result["_limit"] = f"--limit {args.limit}: {len(rows)} of {total} items"
     if args.out:  # written to <out>.partial, renamed when complete
         with JsonlOutput(args.out) as out:
             for row, item in zip(rows, items):
@@ -158,6 +186,34 @@ def evaluate_command(argv: list[str]) -> int:
         print(os.path.abspath(path), file=sys.stderr)
     print(results_table(summary, title=f"agentcap evaluate: {len(rows)} items", order=[*order, args.stage]))
     return 0
+
+
+def unscored_metrics(env: Any, items: list[dict[str, Any]]) -> list[str]:
+    """What the items' fields allow: the references the caption metrics use, and each task metric
+    the fields present cannot give (a converted public dataset has captions, not question banks)."""
+    from agentcap.evaluation.tasks import question_field, reference_field, references_of
+
+    lines = []
+    field = reference_field(env)
+    with_refs = [len(references_of(env, item)) for item in items if item.get(field) is not None]
+    if with_refs:
+        lines.append(f"caption metrics against {sum(with_refs)} references of {len(with_refs)} items "
+                     f"({min(with_refs)}–{max(with_refs)} each, all of an item's {field!r} and {field + 's'!r})")
+    if len(with_refs) < len(items):
+        lines.append(f"caption metrics: {len(items) - len(with_refs)} of {len(items)} items have no {field!r}")
+    if getattr(env, "examiner_spec", None) is not None or "cloze" in getattr(env, "required_fields", {}) \
+            or "mcq" in getattr(env, "required_fields", {}):
+        bank = question_field(env)
+        missing = sum(1 for item in items if not item.get(bank) and not item.get("_questions"))
+        if missing:
+            names = "cloze_accuracy, esr" if bank == "cloze" else "mcq_accuracy, g2p"
+            lines.append(f"not computed from {missing} of {len(items)} items: {names} (no {bank!r} question bank; "
+                         f"agentcap data bank builds one)")
+    if "anchors" in getattr(env, "required_fields", {}):
+        missing = sum(1 for item in items if not item.get("anchors"))
+        if missing:
+            lines.append(f"not computed: tiou ({missing} of {len(items)} items have no event 'anchors')")
+    return lines
 
 
 # --- READ's LLM-AD-Eval and the caption-as-evidence benchmarks --------------------------------------
@@ -205,12 +261,13 @@ def benchmark_command(args: argparse.Namespace) -> int:
     )
     from agentcap.resume.checkpoints import TickCheckpoint
 
-    if not (args.run or args.config):
-        raise SystemExit("agentcap evaluate: --benchmark needs --run RUN_DIR or --config CONFIG (the captioner)")
+    if not (args.run or args.config or args.predictions):
+        raise SystemExit("agentcap evaluate: --benchmark needs --run RUN_DIR or --config CONFIG (the captioner), "
+                         "or --predictions (captions made before)")
     if not args.judge:
         raise SystemExit("agentcap evaluate: --benchmark needs --judge (rule, a model folder, URL#MODEL or JSON)")
     config = os.path.join(args.run, "config.yaml") if args.run else args.config
-    if not os.path.isfile(config):
+    if config is not None and not os.path.isfile(config):
         raise SystemExit(f"agentcap evaluate: config {config!r} not found (is --run a run directory?)")
     try:
         rows = read_benchmark(args.benchmark)
@@ -218,8 +275,10 @@ def benchmark_command(args: argparse.Namespace) -> int:
     except ValueError as err:  # ManifestError included: it names file, line and field
         raise SystemExit(f"agentcap evaluate: {err}") from None
     rows = rows[: args.limit] if args.limit else rows
-    with open(config, encoding="utf-8") as handle:
-        run_dir = ((yaml.safe_load(handle) or {}).get("model") or {}).get("run_dir") or args.run or "."
+    run_dir = args.run or "."
+    if config is not None:
+        with open(config, encoding="utf-8") as handle:
+            run_dir = ((yaml.safe_load(handle) or {}).get("model") or {}).get("run_dir") or args.run or "."
     checkpoint = args.checkpoint or TickCheckpoint.path(run_dir)
     if args.checkpoint and not os.path.exists(args.checkpoint):  # a file, or a folder of shards
         raise SystemExit(f"agentcap evaluate: --checkpoint {args.checkpoint!r} not found")
@@ -228,13 +287,44 @@ def benchmark_command(args: argparse.Namespace) -> int:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # before any captioning
         raise SystemExit(f"agentcap evaluate: --benchmark writes a folder; --out {out_dir!r} is a file")
 
-    def captioner(clips: list[str]) -> dict[str, dict[str, Any]]:
-        return caption_clips(config, args.checkpoint, clips)
+    if args.predictions:  # captions made before (agentcap caption --manifest BENCHMARK): no captioning here
+        captioner, identity = predictions_captioner(args.predictions, rows)
+    else:
+        def captioner(clips: list[str]) -> dict[str, dict[str, Any]]:
+            return caption_clips(config, args.checkpoint, clips)
 
-    summary = evaluate_benchmark(rows, captioner, captioner_identity(config, checkpoint), judge, out_dir)
+        identity = captioner_identity(config, checkpoint)
+    summary = evaluate_benchmark(rows, captioner, identity, judge, out_dir)
     print(os.path.abspath(os.path.join(out_dir, "benchmark_summary.json")), file=sys.stderr)
     print(benchmark_table(summary, title=f"agentcap evaluate --benchmark {args.benchmark}: {len(rows)} questions"))
     return 0
+
+
+def predictions_captioner(path: str, rows: list[dict[str, Any]]) -> tuple[Any, str]:
+    """``--benchmark B --predictions P``: each clip's caption from P's rows, found by a benchmark row's
+    id (``agentcap caption --manifest B`` writes those) or by the clip's stem (``caption --audio``);
+    a clip without one is an error row. Also the cache identity of those captions (P's content)."""
+    import hashlib
+
+    from agentcap.core.manifests import audio_id
+
+    by_id = {str(r["id"]): r["caption"] for r in read_predictions(path)}
+    with open(path, "rb") as handle:
+        identity = f"predictions:{hashlib.sha256(handle.read()).hexdigest()}"
+
+    def captioner(clips: list[str]) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            clip = row["_clip"]
+            if clip in clips and clip not in found:
+                for key in (str(row["id"]), audio_id(str(row["audio"]))):
+                    if key in by_id:
+                        found[clip] = {"caption": by_id[key]}
+                        break
+        return {clip: found.get(clip, {"error": f"no caption for this clip in --predictions {path}"})
+                for clip in clips}
+
+    return captioner, identity
 
 
 def caption_clips(config: str, checkpoint: str | None, clips: list[str]) -> dict[str, dict[str, Any]]:

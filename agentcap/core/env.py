@@ -12,7 +12,8 @@ once per batch, while a plain ``gymnasium.make`` user gets the reward from ``ste
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -28,6 +29,10 @@ class CaptionEnv(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}
     #: Fields every manifest row must carry, with their types; checked on load.
     required_fields: dict[str, type | tuple[type, ...]] = {}
+    #: Those of ``required_fields`` only scoring reads (gold captions, question banks, anchors): rows
+    #: loaded under :func:`inference_rows` (``agentcap caption``, ``evaluate --predictions``) may lack
+    #: them; ``check_item`` checks such a field only when the row has it.
+    scoring_fields: frozenset[str] = frozenset()
     #: The most actions one episode can take (the rollout driver's turn limit); None: unknown (64).
     max_actions: int | None = None
 
@@ -53,7 +58,7 @@ class CaptionEnv(gym.Env):
         if manifest is not None:
             self.items = read_manifest(
                 manifest,
-                self.required_fields,
+                self.fields_to_check(),
                 check=self.check_item,
                 on_error=on_error,
                 max_skip_fraction=max_skip_fraction,
@@ -69,6 +74,12 @@ class CaptionEnv(gym.Env):
         self.episode: Episode | None = None
         self._obs: dict[str, Any] | None = None
         self._finished = False
+
+    def fields_to_check(self) -> dict[str, type | tuple[type, ...]]:
+        """``required_fields``, less ``scoring_fields`` while :func:`inference_rows` is on."""
+        if not _INFERENCE:
+            return dict(self.required_fields)
+        return {k: v for k, v in self.required_fields.items() if k not in self.scoring_fields}
 
     # --- what a task writes -------------------------------------------------------------------
     def check_item(self, row: dict[str, Any], where: str) -> None:
@@ -152,6 +163,26 @@ class CaptionEnv(gym.Env):
     @staticmethod
     def observation(agent: str, messages: list[dict[str, str]], media: dict[str, Any] | None = None):
         return {"agent": agent, "messages": messages, "media": dict(media or {})}
+
+
+#: Non-empty while :func:`inference_rows` is on (a process-wide switch: rollout drivers build their
+#: environments later, possibly in other threads).
+_INFERENCE: list[bool] = []
+
+
+@contextlib.contextmanager
+def inference_rows() -> Iterator[None]:
+    """Environments built inside load rows for inference: a row needs the media and what the agents
+    read, not the fields only scoring uses (``CaptionEnv.scoring_fields``)."""
+    _INFERENCE.append(True)
+    try:
+        yield
+    finally:
+        _INFERENCE.pop()
+
+
+def loading_for_inference() -> bool:
+    return bool(_INFERENCE)
 
 
 def _checking_choices(init):

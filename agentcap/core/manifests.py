@@ -27,6 +27,13 @@ class ManifestError(ValueError):
     """A manifest row, or a file it points to, is unusable. The message names file, row and field."""
 
 
+def audio_id(path: str) -> str:
+    """The id of an audio file's item: its file name without the extension (``clips/birds.wav`` →
+    ``birds``), as ``agentcap data convert`` names converted clips and ``agentcap caption --audio``
+    names its rows, so predictions match a converted manifest."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
 def resolve(path: str, manifest: str | None) -> str:
     """Media paths in a manifest are relative to the manifest's folder unless absolute."""
     if manifest is None or os.path.isabs(path):

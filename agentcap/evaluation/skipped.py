@@ -30,6 +30,11 @@ def skipped_metrics(env: Any, result: Mapping[str, Any], no_meteor: bool = False
             skipped["llm_ad_eval"] = "needs a served judge: --ad-eval URL#MODEL, or a served scorer in the config"
         if "logp" not in result:
             skipped["logp"] = "needs the coherence scorer (env kwarg `scorer`)"
-    if getattr(env, "temporal", None) is not None and "tiou" not in result:
+    if "anchors" in getattr(env, "required_fields", {}) and "tiou" not in result:
         skipped["tiou"] = "needs items with event 'anchors'"
+    for bank, names in (("cloze", ("cloze_accuracy", "esr")), ("mcq", ("mcq_accuracy", "g2p"))):
+        if bank in getattr(env, "required_fields", {}):
+            for name in names:
+                if name not in result:
+                    skipped[name] = f"needs items with a {bank!r} question bank (agentcap data bank)"
     return {name: f"skipped ({why})" for name, why in skipped.items()}

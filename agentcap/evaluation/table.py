@@ -38,13 +38,15 @@ def results_table(
     its frame, so logs and ``grep`` read it); stages named in ``order`` (the schedule's) come first,
     in that order, then the rest as given."""
     stages = [s for s in order if s in summary] + [s for s in summary if s not in order]
-    metrics = sorted({k for values in summary.values() for k in values}, key=_order)
+    # keys starting with "_" annotate a stage (``_limit``: evaluated on part of the split) in its header
+    metrics = sorted({k for values in summary.values() for k in values if not k.startswith("_")}, key=_order)
     if not stages or not metrics:
         return f"{title}: nothing evaluated"
     table = Table(box=box.ASCII, show_edge=False, pad_edge=False, header_style="")
     table.add_column("metric", no_wrap=True)
     for stage in stages:
-        table.add_column(stage, justify="right", no_wrap=True)
+        limit = summary[stage].get("_limit")
+        table.add_column(f"{stage} ({limit})" if limit else stage, justify="right", no_wrap=True)
     for m in metrics:
         table.add_row(m, *(_cell(summary[s].get(m)) for s in stages))
     console = Console(file=io.StringIO(), width=100_000, color_system=None, highlight=False)

@@ -7,8 +7,10 @@ from what the environment and its items carry:
 - ``logp``, ``masked_logp``, ``ppl`` (READ Tab. 3): an environment with a coherence ``scorer``;
   each AD is scored given the context it was written with (a prediction row's ``context``: READ's
   recurrent inference feeds the model's own previous ADs; else the item's). ``logp`` is the mean
-  token log-probability, ``masked_logp`` Eq. 4 (anti-copy masked), ``ppl`` the mean over ADs of
-  exp(−logp). ADs without context (a movie's first clip) are not scored, as in Eq. 4.
+  token log-probability, ``masked_logp`` Eq. 4 (anti-copy masked), ``ppl`` the corpus perplexity:
+  exp of the mean negative log-probability over every scored token of every AD (not a mean of
+  per-AD perplexities, which a few outliers decide). ADs without context (a movie's first clip) are
+  not scored, as in Eq. 4.
 - ``cloze_accuracy`` and ``esr`` (AudioMap), ``mcq_accuracy`` and ``g2p`` (ACE-Cap): an
   environment with an ``examiner`` and items with a question bank; the configured examiner answers
   from the caption alone; accuracy is the share answered correctly, ``esr`` / ``g2p`` the mean of
@@ -45,6 +47,18 @@ def reference_field(env: Any) -> str:
 
 def question_field(env: Any) -> str:
     return "mcq" if "mcq" in getattr(env, "required_fields", {}) else "cloze"
+
+def references_of(env: Any, item: Mapping[str, Any]) -> list[str]:
+    """Every reference text of an item, as the COCO caption tools score against all of them: the
+    reference field (``caption``; READ: ``ad``) first, then those of its plural list (``captions``:
+    Clotho's five, AudioCaps' several, as ``agentcap data convert`` writes them), each text once."""
+    field = reference_field(env)
+    texts = [str(item[field])] if item.get(field) is not None else []
+    more = item.get(field + "s")
+    if isinstance(more, list):
+        texts += [t for t in more if isinstance(t, str) and t.strip()]
+    return list(dict.fromkeys(t for t in texts if t.strip())) or texts
+
 
 
 def caption_text(env: Any, text: str) -> str:
@@ -105,8 +119,7 @@ def task_metrics(
         raise ValueError(f"got {len(items)} items but {len(rows)} prediction rows")
     captions = [str(r.get("caption") or "") for r in rows]
     check_references(env, items)
-    field = reference_field(env)
-    references = [[str(item[field])] for item in items]
+    references = [references_of(env, item) for item in items]
     result = captioning(captions, references)
     if items and all("movie" in item and "position" in item for item in items) and captioning.use_bertscore:
         similarity = lambda hyps, refs: captioning.bertscore(hyps, refs)  # noqa: E731
@@ -137,7 +150,11 @@ def coherence_metrics(scorer: Any, contexts: Sequence[Sequence[str]], captions: 
     return {
         "logp": sum(scored) / len(scored),
         "masked_logp": sum(kept) / len(kept) if kept else float("nan"),
-        "ppl": sum(math.exp(-v) for v in scored) / len(scored),
+        "ppl": corpus_perplexity([v for v, _ in pairs], [n for _, n in pairs]),
+    # a served scorer builds its queries with a local CoherenceScorer (``_local``): the same token counts
+    counter = getattr(scorer, "token_counts", None) or getattr(getattr(scorer, "_local", None), "token_counts", None)
+    counts = counter(contexts, captions) if counter is not None else [1] * len(plain)
+    pairs = [(v, n) for v, n in zip(plain, counts) if not math.isnan(v) and n > 0] or [(v, 1) for v in scored]
     }
 
 
@@ -145,6 +162,15 @@ def question_metrics(env: Any, items: Sequence[Mapping[str, Any]], captions: Seq
     """Question accuracy and the mean answer score (ESR / G2P), per caption then averaged."""
     field = question_field(env)
     texts, questions, owner = [], [], []
+def corpus_perplexity(mean_logprobs: Sequence[float], token_counts: Sequence[int]) -> float:
+    """exp(−Σ_i n_i·logp_i / Σ_i n_i): exp of the mean token NLL over every token of the corpus, from
+    each text's mean token log-probability ``logp_i`` over its ``n_i`` tokens."""
+    total = sum(token_counts)
+    if not total:
+        return float("nan")
+    return math.exp(-sum(v * n for v, n in zip(mean_logprobs, token_counts)) / total)
+
+
     for i, (item, caption) in enumerate(zip(items, captions)):
         for q in question_bank(item, field):
             texts.append(caption)

@@ -188,6 +188,19 @@ class CoherenceScorer:
                 scores[rows[key]] = value
         return scores
 
+    def token_counts(self, contexts: Sequence[Sequence[str]], responses: Sequence[str]) -> list[int]:
+        """How many tokens of each response the unmasked score averages over (0 where it is NaN);
+        the weights of a corpus perplexity."""
+        counts = []
+        for context, response in zip(contexts, responses):
+            key = (tuple(ad.strip() for ad in context if ad.strip()), response.strip())
+            if not key[0] or not key[1]:
+                counts.append(0)
+                continue
+            prefix, response_ids, _ = encode_context_response(self.tokenizer, key[0], key[1], self.max_length)
+            counts.append(len(response_ids) if prefix else 0)
+        return counts
+
     def _masked_mean_logprob(self, batch: list[tuple[list[int], list[int], list[int]]]) -> torch.Tensor:
         """One right-padded forward pass; Eq. 4 for each (prefix, response, mask) triple. [B]"""
         lengths = [len(prefix) + len(response) for prefix, response, _ in batch]
