@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
 import torch
 import torch.nn as nn
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+from transformers.modeling_outputs import CausalLMOutput
 
 from agentcap.agents.prefix import shared_prompt_cache
 
@@ -182,18 +190,110 @@ class ToyMediaLM(nn.Module):
         return shared_prompt_cache(self.lm, mask, inputs_embeds=embeds)
 
     # --- persistence ----------------------------------------------------------------------------
-    def save_pretrained(self, path: str) -> None:
+    def save_pretrained(self, path: str, **kwargs) -> None:
+        """A Hugging Face model folder (``config.json`` of model type ``agentcap_toy_media``,
+        ``model.safetensors``) that ``AutoModelForCausalLM`` loads once this module is imported
+        (it registers :class:`ToyMediaForCausalLM`), or with ``trust_remote_code=True`` through the
+        folder's ``modeling_agentcap_toy.py``; plus ``toy_config.json``, by which agentcap's own
+        loader knows the folder."""
         os.makedirs(path, exist_ok=True)
+        ToyMediaForCausalLM(ToyMediaConfig.from_toy(self.config), toy=self).save_pretrained(path, **kwargs)
+        with open(os.path.join(path, REMOTE_CODE + ".py"), "w") as handle:
+            handle.write(f'"""agentcap\'s toy media LM for `trust_remote_code=True` (needs agentcap importable)."""\n'
+                         "from agentcap.agents.toy import ToyMediaConfig, ToyMediaForCausalLM  # noqa: F401\n")
         with open(os.path.join(path, "toy_config.json"), "w") as handle:
             json.dump(asdict(self.config), handle, indent=1)
-        torch.save(self.state_dict(), os.path.join(path, "toy_model.pt"))
 
     @classmethod
     def from_pretrained(cls, path: str) -> "ToyMediaLM":
-        with open(os.path.join(path, "toy_config.json")) as handle:
-            model = cls(ToyConfig(**json.load(handle)))
-        state = torch.load(os.path.join(path, "toy_model.pt"), weights_only=True, map_location="cpu")
-        model.load_state_dict(state)
+        if not os.path.isfile(os.path.join(path, "config.json")):  # the earlier format: toy_model.pt
+            with open(os.path.join(path, "toy_config.json")) as handle:
+                model = cls(ToyConfig(**json.load(handle)))
+            state = torch.load(os.path.join(path, "toy_model.pt"), weights_only=True, map_location="cpu")
+            model.load_state_dict(state)
+            return model
+        return ToyMediaForCausalLM.from_pretrained(path).toy
+
+
+# --- the Hugging Face face of the toy model ----------------------------------------------------------
+#: The module an exported folder carries for ``trust_remote_code=True`` (``auto_map``).
+REMOTE_CODE = "modeling_agentcap_toy"
+
+
+class ToyMediaConfig(PretrainedConfig):
+    """:class:`ToyConfig` as a ``PretrainedConfig`` (model type ``agentcap_toy_media``)."""
+
+    model_type = "agentcap_toy_media"
+
+    def __init__(self, vocab_size: int = 32, **kwargs):
+        toy = {f.name: kwargs.pop(f.name, f.default) for f in fields(ToyConfig) if f.name != "vocab_size"}
+        self.vocab_size = vocab_size
+        for key, value in toy.items():
+            setattr(self, key, value)
+        kwargs.setdefault("tie_word_embeddings", True)
+        kwargs.setdefault("auto_map", {"AutoConfig": f"{REMOTE_CODE}.ToyMediaConfig",
+                                       "AutoModelForCausalLM": f"{REMOTE_CODE}.ToyMediaForCausalLM"})
+        super().__init__(**{k: toy[k] for k in ("pad_token_id", "eos_token_id", "bos_token_id")}, **kwargs)
+
+    @classmethod
+    def from_toy(cls, config: ToyConfig) -> "ToyMediaConfig":
+        return cls(**asdict(config))
+
+    def toy_config(self) -> ToyConfig:
+        return ToyConfig(**{f.name: getattr(self, f.name) for f in fields(ToyConfig)})
+
+
+class ToyMediaForCausalLM(PreTrainedModel):
+    """A :class:`ToyMediaLM` (``self.toy``) as a ``PreTrainedModel``: ``save_pretrained`` /
+    ``from_pretrained``, ``forward(input_ids, attention_mask, media=None)`` → logits and
+    ``generate(input_ids, attention_mask=None, media=None, **generate_kwargs)`` → the new tokens;
+    ``media`` is one dict per row (``{"features": [F, D]}`` or ``{"waveform": [T]}``), none: text only.
+    Wrapping leaves the toy's weights as they are (no re-initialisation)."""
+
+    config_class = ToyMediaConfig
+    base_model_prefix = "toy"
+    main_input_name = "input_ids"
+
+    def __init__(self, config: ToyMediaConfig, toy: ToyMediaLM | None = None):
+        super().__init__(config)
+        if toy is None:
+            with torch.device("cpu"):  # torchaudio's mel filterbank cannot be built on the meta device
+                toy = ToyMediaLM(config.toy_config())
+        self.toy = toy
+        self.post_init()
+        self.all_tied_weights_keys.update(
+            {f"toy.lm.{k}": f"toy.lm.{v}" for k, v in getattr(self.toy.lm, "all_tied_weights_keys", {}).items()})
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Nothing: the toy's own initialisation stays, so wrapping a model never changes it (a
+        loaded folder's rotary tables are rebuilt by :meth:`from_pretrained`)."""
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs) -> "ToyMediaForCausalLM":
+        model = super().from_pretrained(*args, **kwargs)
+        with torch.no_grad():  # non-persistent buffers are in no file: computed as the toy's __init__ does
+            for module in model.modules():
+                if hasattr(module, "original_inv_freq") and hasattr(module, "compute_default_rope_parameters"):
+                    inv_freq, _ = module.compute_default_rope_parameters(module.config)
+                    module.inv_freq.copy_(inv_freq)
+                    module.original_inv_freq.copy_(inv_freq)
         return model
+
+    def _media(self, input_ids: torch.Tensor, media: list[dict] | None) -> list[dict]:
+        return list(media) if media is not None else [{} for _ in range(input_ids.shape[0])]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                media: list[dict] | None = None, **kwargs) -> CausalLMOutput:
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        return CausalLMOutput(logits=self.toy(input_ids, mask, self._media(input_ids, media)))
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 media: list[dict] | None = None, **kwargs) -> torch.Tensor:
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        return self.toy.generate(input_ids, mask, self._media(input_ids, media), **kwargs)
+
+
+AutoConfig.register(ToyMediaConfig.model_type, ToyMediaConfig, exist_ok=True)
+AutoModelForCausalLM.register(ToyMediaConfig, ToyMediaForCausalLM, exist_ok=True)
 
 
