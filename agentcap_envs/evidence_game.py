@@ -111,8 +111,8 @@ class EvidenceGameEnv(CaptionEnv):
     """
 
     required_fields = {"id": str, "audio": str, "caption": str, "mcq": list}
-
     scoring_fields = frozenset({"caption", "mcq"})  # inference reads the audio alone
+
     @staticmethod
     def acting_roles(mode: str = "game", **_) -> set[str]:
         """The roles that act in an episode of ``mode`` (the engines a stage keeps awake: training.engines)."""

@@ -45,9 +45,6 @@ def reference_field(env: Any) -> str:
     return getattr(env, "reference_field", "caption")
 
 
-def question_field(env: Any) -> str:
-    return "mcq" if "mcq" in getattr(env, "required_fields", {}) else "cloze"
-
 def references_of(env: Any, item: Mapping[str, Any]) -> list[str]:
     """Every reference text of an item, as the COCO caption tools score against all of them: the
     reference field (``caption``; READ: ``ad``) first, then those of its plural list (``captions``:
@@ -59,6 +56,9 @@ def references_of(env: Any, item: Mapping[str, Any]) -> list[str]:
         texts += [t for t in more if isinstance(t, str) and t.strip()]
     return list(dict.fromkeys(t for t in texts if t.strip())) or texts
 
+
+def question_field(env: Any) -> str:
+    return "mcq" if "mcq" in getattr(env, "required_fields", {}) else "cloze"
 
 
 def caption_text(env: Any, text: str) -> str:
@@ -147,21 +147,17 @@ def coherence_metrics(scorer: Any, contexts: Sequence[Sequence[str]], captions: 
     kept = [v for v in masked if not math.isnan(v)]
     if not scored:
         return {}
-    return {
-        "logp": sum(scored) / len(scored),
-        "masked_logp": sum(kept) / len(kept) if kept else float("nan"),
-        "ppl": corpus_perplexity([v for v, _ in pairs], [n for _, n in pairs]),
     # a served scorer builds its queries with a local CoherenceScorer (``_local``): the same token counts
     counter = getattr(scorer, "token_counts", None) or getattr(getattr(scorer, "_local", None), "token_counts", None)
     counts = counter(contexts, captions) if counter is not None else [1] * len(plain)
     pairs = [(v, n) for v, n in zip(plain, counts) if not math.isnan(v) and n > 0] or [(v, 1) for v in scored]
+    return {
+        "logp": sum(scored) / len(scored),
+        "masked_logp": sum(kept) / len(kept) if kept else float("nan"),
+        "ppl": corpus_perplexity([v for v, _ in pairs], [n for _, n in pairs]),
     }
 
 
-def question_metrics(env: Any, items: Sequence[Mapping[str, Any]], captions: Sequence[str]) -> dict[str, float]:
-    """Question accuracy and the mean answer score (ESR / G2P), per caption then averaged."""
-    field = question_field(env)
-    texts, questions, owner = [], [], []
 def corpus_perplexity(mean_logprobs: Sequence[float], token_counts: Sequence[int]) -> float:
     """exp(−Σ_i n_i·logp_i / Σ_i n_i): exp of the mean token NLL over every token of the corpus, from
     each text's mean token log-probability ``logp_i`` over its ``n_i`` tokens."""
@@ -171,6 +167,10 @@ def corpus_perplexity(mean_logprobs: Sequence[float], token_counts: Sequence[int
     return math.exp(-sum(v * n for v, n in zip(mean_logprobs, token_counts)) / total)
 
 
+def question_metrics(env: Any, items: Sequence[Mapping[str, Any]], captions: Sequence[str]) -> dict[str, float]:
+    """Question accuracy and the mean answer score (ESR / G2P), per caption then averaged."""
+    field = question_field(env)
+    texts, questions, owner = [], [], []
     for i, (item, caption) in enumerate(zip(items, captions)):
         for q in question_bank(item, field):
             texts.append(caption)
