@@ -15,6 +15,7 @@ from agentcap.core.manifests import ManifestError, audio_id, check_audio, check_
 from agentcap.judges.build import build_examiner
 from agentcap.judges.evidence import evidence_states, serialize_evidence
 from agentcap.judges.questions import Question, question_bank, sentences
+from agentcap.judges.replies import TooManyInvalidReplies
 from agentcap.rewards.evidence import LoopConfig, captioner_utility, composer_utilities, instruct_utility
 from agentcap.rewards.functional.cloze import answer_scores
 
@@ -375,10 +376,19 @@ class EvidenceGameEnv(CaptionEnv):
         gold = [q.answer for _, q in unique]
         scores = answer_scores(letters, gold).tolist() if unique else []
         correct = [float(a == g) for a, g in zip(letters, gold)]
-        return {
-            key: (sum(scores[k] for k in row) / len(row), sum(correct[k] for k in row) / len(row))
-            for key, row in rows.items()
-        }
+        if all(a is not None for a in letters):
+            return {
+                key: (sum(scores[k] for k in row) / len(row), sum(correct[k] for k in row) / len(row))
+                for key, row in rows.items()
+            }
+        out = {}  # invalid examiner replies (None) are left out of both means (agentcap.judges.replies)
+        for (i, text), row in rows.items():
+            kept = [k for k in row if letters[k] is not None]
+            if not kept:
+                raise TooManyInvalidReplies(f"the examiner gave no valid answer to any of episode {i}'s "
+                                            f"{len(row)} questions (invalid replies; agentcap.judges.replies)")
+            out[(i, text)] = (sum(scores[k] for k in kept) / len(kept), sum(correct[k] for k in kept) / len(kept))
+        return out
 
     def score(self, episodes: Sequence[Episode]) -> list[Score]:
         requests: list[tuple[int, str]] = []

@@ -105,7 +105,7 @@ def test_second_run_and_second_judge_ask_nothing_twice(tmp_path):
 
     again_captioner, again_judge = Captioner(), ScriptedJudge()
     second = evaluate_benchmark(rows, again_captioner, "cap", again_judge, out)
-    assert again_judge.asked == []  # every answer cached
+    assert [a.question for a in again_judge.asked] == ["question q6?"]  # every letter cached; no answer: asked again
     assert again_captioner.asked == [str(tmp_path / "bad.wav")]  # only the failed clip is tried again
     assert second["overall"] == first["overall"]
 

@@ -221,7 +221,7 @@ def test_served_examiner_asks_each_distinct_pair_once_and_scatters_back():
     from agentcap.judges.served import ServedExaminer
 
     class Client:  # what ServedExaminer uses of ServedClient, answering from the caption's length
-        model = "judge"
+        model, url = "judge", "http://127.0.0.1:8000/v1"
 
         def __init__(self):
             self.sent = []
@@ -229,14 +229,15 @@ def test_served_examiner_asks_each_distinct_pair_once_and_scatters_back():
         def tokenize(self, text):
             return [ord(text)]
 
-        def map(self, path, payloads):
+        def map(self, path, payloads, validate=None):
             self.sent.extend(payloads)
             replies = []
             for payload in payloads:
                 letter = LETTERS[len(payload["messages"][0]["content"]) % 5]
                 top = [{"token": letter, "logprob": -0.5}, {"token": " E", "logprob": -2.0}]
-                replies.append({"choices": [{"logprobs": {"content": [{"top_logprobs": top}]}}]})
-            return replies
+                replies.append({"choices": [{"message": {"content": letter},
+                                             "logprobs": {"content": [{"top_logprobs": top}]}}]})
+            return [validate(r) for r in replies]
 
     client = Client()
     examiner = ServedExaminer(client)

@@ -11,7 +11,9 @@ overall and per benchmark / task / category / subcategory / layer.
 Captions and answers are cached in the output folder (append-only JSONL): a caption under the
 captioner's identity (config, checkpoint file size and mtime) and the clip's path, an answer under
 the judge's identity, the prompt version, the caption, the question and its choices. A rerun asks
-nothing twice; a second judge on the same captions never runs the captioner.
+nothing twice; a second judge on the same captions never runs the captioner. Only letters are cached:
+a question left unanswered, or whose reply was invalid (a letter outside its options, another model,
+a NaN log-prob, a malformed or oversized body: :mod:`agentcap.judges.replies`), is asked again.
 
 Judges (``--judge``): ``rule`` (the offline toy worlds' deterministic matcher, see
 :class:`RuleJudge`), the folder of a local HF causal LM, or an OpenAI-compatible server
@@ -20,8 +22,10 @@ Judges (``--judge``): ``rule`` (the offline toy worlds' deterministic matcher, s
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +39,7 @@ from agentcap.core.settings import ConfigError, check
 from agentcap.data.benchmark_rows import LETTERS, check_benchmark_row
 from agentcap.judges.causal_lm import CausalLMJudge
 from agentcap.judges.questions import sentences
+from agentcap.judges.replies import Invalid, ReplyTally, letter_scores
 from agentcap.judges.served import ServedClient, letter_token_ids, served_judge_client
 
 #: Changes whenever :data:`INSTRUCTION` or :func:`judge_prompt` changes; part of every answer's cache key.
@@ -67,11 +72,12 @@ def judge_prompt(ask: Ask) -> str:
 
 # --- judges --------------------------------------------------------------------------------------
 class BenchmarkJudge(Protocol):
-    """Answers each ask with one of its option letters (None: the judge gave no answer)."""
+    """Answers each ask with one of its option letters (None: the judge gave no answer;
+    :class:`~agentcap.judges.replies.Invalid`: its reply was not an answer). Neither is cached."""
 
     identity: str
 
-    def choose(self, asks: Sequence[Ask]) -> list[str | None]: ...
+    def choose(self, asks: Sequence[Ask]) -> list[str | Invalid | None]: ...
 
 
 _WORD = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?")
@@ -121,11 +127,16 @@ class RuleJudge:
         return None
 
 
-def _best_letters(scores: Sequence[Sequence[float]], asks: Sequence[Ask]) -> list[str | None]:
-    """The argmax over each ask's own letters (the first ``len(choices)`` columns)."""
-    out: list[str | None] = []
+def _best_letters(scores: Sequence[Sequence[float]], asks: Sequence[Ask]) -> list[str | Invalid | None]:
+    """The argmax over each ask's own letters (the first ``len(choices)`` columns); a row with a NaN or
+    +inf there is :class:`~agentcap.judges.replies.Invalid` (never an answer), one with no letter
+    scored None."""
+    out: list[str | Invalid | None] = []
     for row, ask in zip(scores, asks):
         own = list(row[: len(ask.choices)])
+        if any(math.isnan(v) or v == float("inf") for v in own):
+            out.append(Invalid(f"non-finite letter scores {own}"))
+            continue
         best = max(range(len(own)), key=lambda k: own[k])
         out.append(LETTERS[best] if own[best] != float("-inf") else None)
     return out
@@ -192,8 +203,8 @@ class ServedJudge:
                 raise ValueError(f"{self.identity}: {err}") from None
         return self._ids
 
-    def choose(self, asks: Sequence[Ask]) -> list[str | None]:
-        payloads = []
+    def choose(self, asks: Sequence[Ask]) -> list[str | Invalid | None]:
+        payloads, checks = [], []
         for ask in asks:
             ids = self.letter_ids[: len(ask.choices)]
             payloads.append({
@@ -201,20 +212,10 @@ class ServedJudge:
                 "max_tokens": 1, "temperature": 0.0, "logprobs": True, "top_logprobs": len(ids),
                 "allowed_token_ids": ids, "logit_bias": {str(i): 100 for i in ids},
             })
-        scores = []
-        for reply, ask in zip(self.client.map("/chat/completions", payloads), asks):
-            choice = reply["choices"][0]
-            row = [float("-inf")] * len(LETTERS)
-            content = (choice.get("logprobs") or {}).get("content") or [{}]
-            for entry in content[0].get("top_logprobs", []):
-                letter = entry["token"].strip()
-                if letter in LETTERS[: len(ask.choices)] and row[LETTERS.index(letter)] == float("-inf"):
-                    row[LETTERS.index(letter)] = float(entry["logprob"])
-            chosen = ((choice.get("message") or {}).get("content") or "").strip()
-            if all(v == float("-inf") for v in row) and chosen in LETTERS[: len(ask.choices)]:
-                row[LETTERS.index(chosen)] = 0.0  # a server that reports no log-probs: its greedy token
-            scores.append(row)
-        return _best_letters(scores, asks)
+            checks.append(functools.partial(letter_scores, letters=LETTERS[: len(ask.choices)]))
+        scores = self.client.map("/chat/completions", payloads, validate=checks)  # retried while invalid
+        return [s if isinstance(s, Invalid) else letter for s, letter in
+                zip(scores, _best_letters([[float("-inf")] if isinstance(s, Invalid) else s for s in scores], asks))]
 
 
 def served_models(url: str, timeout: float = 30.0, flag: str = "--judge") -> list[str]:
@@ -354,10 +355,16 @@ def evaluate_benchmark(
         if row["_clip"] not in errors:
             ask = Ask(captions[key_of[row["_clip"]]], row["question"], tuple(row["choices"]))
             asks.setdefault(cache_key(judge.identity, PROMPT_VERSION, ask.caption, ask.question, ask.choices), ask)
-    unasked = [key for key in asks if key not in answers]
+    # only letters are kept: no answer and invalid replies are asked again by a rerun (an old cache's null too)
+    unasked = [key for key in asks if answers.values.get(key) is None]
+    fresh: dict[str, str | Invalid | None] = {}
+    tally = ReplyTally(f"benchmark judge {judge.identity}")
     for start in range(0, len(unasked), ASK_CHUNK):  # kept chunk by chunk: a judge that fails costs one chunk
         chunk = unasked[start : start + ASK_CHUNK]
-        answers.put(dict(zip(chunk, judge.choose([asks[k] for k in chunk]))))
+        chosen = dict(zip(chunk, judge.choose([asks[k] for k in chunk])))
+        fresh.update(chosen)
+        answers.put({k: v for k, v in chosen.items() if isinstance(v, str)})
+        tally.record(list(chosen.values()))  # stops past the invalid share (agentcap.judges.replies)
 
     items = []
     for row in rows:
@@ -367,8 +374,12 @@ def evaluate_benchmark(
             item.update(caption=None, letter=None, correct=False, error=errors[row["_clip"]])
         else:
             caption = captions[key_of[row["_clip"]]]
-            letter = answers[cache_key(judge.identity, PROMPT_VERSION, caption, row["question"], tuple(row["choices"]))]
-            item.update(caption=caption, letter=letter, correct=letter == row["answer"])
+            key = cache_key(judge.identity, PROMPT_VERSION, caption, row["question"], tuple(row["choices"]))
+            letter = fresh[key] if key in fresh else answers.values.get(key)
+            if isinstance(letter, Invalid):
+                item.update(caption=caption, letter=None, correct=False, invalid=letter.reason)
+            else:
+                item.update(caption=caption, letter=letter, correct=letter == row["answer"])
         items.append(item)
     summary = {"judge": judge.identity, "prompt_version": PROMPT_VERSION, **accuracy_report(items),
                "failed_clips": len(errors)}
@@ -421,7 +432,8 @@ def _tally(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def accuracy_report(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Accuracy overall and per value of each of :data:`GROUPS` (count, correct, accuracy each). A
     question whose clip could not be captioned counts as wrong and is counted under ``uncaptioned``;
-    one the judge left unanswered counts as wrong and under ``unanswered``."""
+    one the judge left unanswered counts as wrong and under ``unanswered``, one whose reply was
+    invalid (:mod:`agentcap.judges.replies`) as wrong and under ``invalid``."""
     by: dict[str, dict[str, Any]] = {}
     for group in GROUPS:
         values = sorted({i[group] for i in items if i.get(group) is not None})
@@ -430,7 +442,9 @@ def accuracy_report(items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "overall": _tally(items), "by": by,
         "uncaptioned": sum(i.get("caption") is None for i in items),
-        "unanswered": sum(i.get("caption") is not None and i.get("letter") is None for i in items),
+        "unanswered": sum(i.get("caption") is not None and i.get("letter") is None and "invalid" not in i
+                          for i in items),
+        "invalid": sum("invalid" in i for i in items),
     }
 
 
@@ -451,4 +465,7 @@ def benchmark_table(summary: Mapping[str, Any], title: str = "caption-as-evidenc
                      "failed), counted wrong")
     if summary.get("unanswered"):
         notes.append(f"{summary['unanswered']} questions the judge left unanswered, counted wrong")
+    if summary.get("invalid"):
+        notes.append(f"{summary['invalid']} questions with an invalid judge reply (asked again by a rerun), "
+                     "counted wrong")
     return "\n".join([title, text[0], "-+-".join("-" * w for w in widths), *text[1:], *notes])

@@ -17,6 +17,8 @@ from what the environment and its items carry:
   Eq. 3's +1 / −0.5 / −1.
 - ``tiou`` (AudioMap): an environment with a ``temporal`` examiner and items with ``anchors``: the
   mean over captions of the mean tIoU over their event anchors (Eq. 5, a missing interval scores 0).
+- ``wer`` (real-speech worlds): items whose ``events`` carry ``transcript``s: the word error rate of
+  the captions' quoted speech against the transcripts (:mod:`agentcap.evaluation.wer`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from agentcap.evaluation.captioning import CaptionMetrics
 from agentcap.evaluation.retrieval import recall_at_k
+from agentcap.evaluation.wer import speech_metrics
 from agentcap.judges.questions import question_bank
 from agentcap.rewards.functional.cloze import answer_scores, event_temporal_reward
 
@@ -136,6 +139,7 @@ def task_metrics(
         result.update(question_metrics(env, items, captions))
     if getattr(env, "temporal", None) is not None and items and all(i.get("anchors") for i in items):
         result["tiou"] = float(event_temporal_reward(captions, [i["anchors"] for i in items], env.temporal).mean())
+    result.update(speech_metrics(items, captions))
     return result
 
 
@@ -182,7 +186,10 @@ def question_metrics(env: Any, items: Sequence[Mapping[str, Any]], captions: Seq
     scores = answer_scores(letters, [q.answer for q in questions], **getattr(env, "answer_scores", {})).tolist()
     per_caption: dict[int, list[tuple[float, float]]] = {}
     for i, letter, q, score in zip(owner, letters, questions, scores):
-        per_caption.setdefault(i, []).append((float(letter == q.answer), score))
+        if letter is not None:  # an invalid examiner reply is left out (agentcap.judges.replies)
+            per_caption.setdefault(i, []).append((float(letter == q.answer), score))
+    if not per_caption:
+        return {}
     accuracy = [sum(a for a, _ in v) / len(v) for v in per_caption.values()]
     mean_score = [sum(s for _, s in v) / len(v) for v in per_caption.values()]
     name = "esr" if field == "cloze" else "g2p"

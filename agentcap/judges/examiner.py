@@ -37,9 +37,10 @@ INSTRUCTION = (
 # --- the protocol --------------------------------------------------------------------------------
 @runtime_checkable
 class Examiner(Protocol):
-    """Answers question i from caption i only; returns one letter "A".."E" per pair."""
+    """Answers question i from caption i only; returns one letter "A".."E" per pair, or None where a
+    served judge's reply was invalid (:mod:`agentcap.judges.replies`; the rewards leave it out)."""
 
-    def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str]: ...
+    def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str | None]: ...
 
 
 def letters_question(caption: str, question: Question) -> str:

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import math
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,6 +30,17 @@ import torch
 from agentcap.judges.coherence import CoherenceScorer
 from agentcap.judges.examiner import letters_question
 from agentcap.judges.questions import LETTERS, Question, check_pairs, distinct_pairs
+from agentcap.judges.replies import (
+    MAX_REPLY_BYTES,
+    Invalid,
+    InvalidReply,
+    ReplyTally,
+    TooManyInvalidReplies,
+    finite_logprob,
+    first_choice,
+    letter_scores,
+    message_text,
+)
 from agentcap.judges.temporal import AnswerTemporalExaminer, temporal_question
 from agentcap.parallel import signals
 
@@ -75,11 +88,19 @@ class ServedClient:
         """POST JSON to ``<url><path>`` (``/tokenize`` goes to the server root); retries, then a clear error."""
         return self.map(path, [payload])[0]
 
-    def map(self, path: str, payloads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """POST every payload, ``batch_size`` in flight at once; results in order."""
+    def map(self, path: str, payloads: Sequence[dict[str, Any]],
+            validate: Callable[[Any], Any] | list[Callable[[Any], Any]] | None = None) -> list[Any]:
+        """POST every payload, ``batch_size`` in flight at once; results in order.
+
+        Every reply must be a JSON object of at most :data:`~agentcap.judges.replies.MAX_REPLY_BYTES`
+        from the model asked (a ``model`` field naming another is refused), and pass ``validate``
+        (reply → result, raising :class:`~agentcap.judges.replies.InvalidReply`; or one per payload);
+        an invalid reply is asked again like a failed request. One still invalid after the retries is an
+        :class:`~agentcap.judges.replies.Invalid` in the results when ``validate`` is given, else
+        :class:`~agentcap.judges.replies.InvalidReply` naming the URL is raised."""
         if not payloads:
             return []
-        work = lambda: asyncio.run(self._map(path, list(payloads)))  # noqa: E731
+        work = lambda: asyncio.run(self._map(path, list(payloads), validate))  # noqa: E731
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # the usual case: no event loop in this thread
@@ -90,13 +111,14 @@ class ServedClient:
     def tokenize(self, text: str) -> list[int]:
         return list(self.post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})["tokens"])
 
-    async def _map(self, path: str, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _map(self, path: str, payloads: list[dict[str, Any]], validate: Any) -> list[Any]:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         timeout = httpx.Timeout(self.timeout, connect=min(self.connect_timeout, self.timeout), pool=None)
         limits = httpx.Limits(max_connections=self.batch_size, max_keepalive_connections=self.batch_size)
         slots = asyncio.Semaphore(self.batch_size)
         async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits, verify=_ssl_context()) as client:
-            everything = asyncio.gather(*(self._post(client, slots, path, p) for p in payloads))
+            checks = validate if isinstance(validate, list) else [validate] * len(payloads)
+            everything = asyncio.gather(*(self._post(client, slots, path, p, c) for p, c in zip(payloads, checks)))
             everything.add_done_callback(lambda f: f.cancelled() or f.exception())  # cancelled on a stop: no log
             while True:  # wake up to notice a stop signal; leaving cancels the requests in flight
                 done, _ = await asyncio.wait({everything}, timeout=0.1)
@@ -105,33 +127,71 @@ class ServedClient:
                 signals.check()
 
     async def _post(self, client: httpx.AsyncClient, slots: asyncio.Semaphore, path: str,
-                    payload: dict[str, Any]) -> dict[str, Any]:
+                    payload: dict[str, Any], validate: Callable[[Any], Any] | None) -> Any:
         base = self.url.removesuffix("/v1") if path == "/tokenize" else self.url
         error: Exception | str | None = None
+        invalid: str | None = None
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
             async with slots:
                 try:
                     async with asyncio.timeout(self.timeout):  # the whole exchange, however the bytes trickle
-                        response = await client.post(base + path, json=payload)
+                        status, body = await self._exchange(client, base + path, payload)
                 except TimeoutError:
-                    error = f"no whole answer within timeout={self.timeout} s"
+                    error, invalid = f"no whole answer within timeout={self.timeout} s", None
                     continue
                 except httpx.TransportError as err:
-                    error = f"{type(err).__name__}: {err}"
+                    error, invalid = f"{type(err).__name__}: {err}", None
                     continue
-            if response.status_code >= 500:
-                error = f"{response.status_code}: {response.text[:500]}"
-            elif response.status_code >= 400:  # a bad request does not get better by retrying
+            if body is None:  # larger than the cap: not read further
+                error = invalid = f"a reply body over {MAX_REPLY_BYTES} bytes"
+            elif status >= 500:
+                error, invalid = f"{status}: {body[:500].decode(errors='replace')}", None
+            elif status >= 400:  # a bad request does not get better by retrying
                 raise ValueError(f"judge server {base + path} refused the request "
-                                 f"({response.status_code}): {response.text[:500]}")
+                                 f"({status}): {body[:500].decode(errors='replace')}")
             else:
-                return response.json()
+                try:
+                    return self._check(path, body, validate)
+                except InvalidReply as err:
+                    error = invalid = str(err)
+        if invalid is not None:
+            if validate is not None:
+                return Invalid(invalid)
+            raise InvalidReply(f"judge server {base + path} (model {self.model!r}): invalid reply after "
+                               f"{self.retries + 1} attempts ({invalid})")
         raise JudgeUnavailable(
             f"judge server {base + path} (model {self.model!r}) did not answer after {self.retries + 1} attempts "
             f"({error}); is `vllm serve` running and reachable from this rank?"
         )
+
+    @staticmethod
+    async def _exchange(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> tuple[int, bytes | None]:
+        """POST; (status, body), the body None when it passes :data:`MAX_REPLY_BYTES` (read no further)."""
+        async with client.stream("POST", url, json=payload) as response:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_REPLY_BYTES:
+                return response.status_code, None
+            chunks, size = [], 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_REPLY_BYTES:
+                    return response.status_code, None
+                chunks.append(chunk)
+            return response.status_code, b"".join(chunks)
+
+    def _check(self, path: str, body: bytes, validate: Callable[[Any], Any] | None) -> Any:
+        """The reply parsed and checked: JSON, an object, from the model asked; then ``validate``'s result."""
+        try:
+            reply = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise InvalidReply(f"not JSON ({err}): {body[:80]!r}") from None
+        if not isinstance(reply, dict):
+            raise InvalidReply(f"not a JSON object: {body[:80]!r}")
+        if path != "/tokenize" and "model" in reply and reply["model"] != self.model:
+            raise InvalidReply(f"a reply from model {str(reply['model'])[:80]!r}, not {self.model!r}")
+        return validate(reply) if validate is not None else reply
 
 
 @functools.cache
@@ -153,27 +213,22 @@ def _examiner_messages(caption: str, question: Question) -> list[dict[str, str]]
     return [{"role": "user", "content": letters_question(caption, question)}]
 
 
-def _letter_scores(top: Sequence[tuple[str, float]], chosen: str | None) -> list[float]:
-    """Log-probs of A–E from a top-log-probs list (missing letters −inf); the chosen letter wins when
-    the server reported raw (unrestricted) log-probs that name none of them."""
-    scores = [float("-inf")] * 5
-    for token, logprob in top:
-        letter = token.strip()
-        if letter in LETTERS and scores[LETTERS.index(letter)] == float("-inf"):
-            scores[LETTERS.index(letter)] = float(logprob)
-    if all(s == float("-inf") for s in scores) and chosen and chosen.strip() in LETTERS:
-        scores[LETTERS.index(chosen.strip())] = 0.0
-    return scores
+def _invalid_row(row: Sequence[float]) -> bool:
+    """A readout row that is no answer: NaN or +inf anywhere, or no letter scored at all."""
+    return any(math.isnan(v) or v == float("inf") for v in row) or all(v == float("-inf") for v in row)
 
 
 class _LetterExaminer:
-    """Shared ``answer`` / ``letter_logits`` over a ``_read(prompts) -> [N, 5]`` readout."""
+    """Shared ``answer`` / ``letter_logits`` over a ``_read(prompts) -> [N, 5]`` readout; a row of NaN
+    is a reply that stayed invalid (:mod:`agentcap.judges.replies`)."""
 
-    def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str]:
-        return [LETTERS[k] for k in self.letter_logits(captions, questions).argmax(dim=1).tolist()]
+    def answer(self, captions: Sequence[str], questions: Sequence[Question]) -> list[str | None]:
+        """One letter per pair; None where the judge's reply was invalid (never read as an answer)."""
+        rows = self.letter_logits(captions, questions)
+        return [None if _invalid_row(row) else LETTERS[max(range(5), key=row.__getitem__)] for row in rows.tolist()]
 
     def letter_logits(self, captions: Sequence[str], questions: Sequence[Question]) -> torch.Tensor:
-        """[N, 5] log-probs of A–E per pair (identical pairs asked once)."""
+        """[N, 5] log-probs of A–E per pair (identical pairs asked once; NaN rows: invalid replies)."""
         check_pairs(captions, questions, "questions")
         if not captions:
             return torch.zeros((0, 5))
@@ -187,6 +242,7 @@ class ServedExaminer(_LetterExaminer):
     def __init__(self, client: ServedClient):
         self.client = client
         self._letter_ids: list[int] | None = None
+        self.tally = ReplyTally(f"examiner {client.url} (model {client.model!r})")
 
     @property
     def letter_ids(self) -> list[int]:
@@ -204,12 +260,9 @@ class ServedExaminer(_LetterExaminer):
             }
             for messages in conversations
         ]
-        rows = []
-        for reply in self.client.map("/chat/completions", payloads):
-            choice = reply["choices"][0]
-            content = (choice.get("logprobs") or {}).get("content") or [{}]
-            top = [(t["token"], t["logprob"]) for t in content[0].get("top_logprobs", [])]
-            rows.append(_letter_scores(top, (choice.get("message") or {}).get("content")))
+        results = self.client.map("/chat/completions", payloads, validate=lambda r: letter_scores(r, LETTERS))
+        self.tally.record(results)
+        rows = [[float("nan")] * 5 if isinstance(r, Invalid) else r for r in results]
         return torch.tensor(rows, dtype=torch.float32)
 
 
@@ -221,15 +274,17 @@ class ServedTemporalExaminer(AnswerTemporalExaminer):
     def __init__(self, client: ServedClient, half_width: float = 0.5, max_new_tokens: int = 24):
         super().__init__(half_width, max_new_tokens)
         self.client = client
+        self.tally = ReplyTally(f"temporal examiner {client.url} (model {client.model!r})")
 
-    def _answers(self, pairs: list[tuple[str, str]]) -> list[str]:
+    def _answers(self, pairs: list[tuple[str, str]]) -> list[str | None]:
         payloads = [
             {"model": self.client.model, "messages": [{"role": "user", "content": temporal_question(c, e)}],
              "max_tokens": self.max_new_tokens, "temperature": 0.0}
             for c, e in pairs
         ]
-        replies = self.client.map("/chat/completions", payloads)
-        return [(reply["choices"][0].get("message") or {}).get("content") or "" for reply in replies]
+        answers = self.client.map("/chat/completions", payloads, validate=message_text)
+        self.tally.record(answers)
+        return [None if isinstance(a, Invalid) else a for a in answers]  # None: read by the rule fallback
 
 
 class VLLMExaminer(_LetterExaminer):
@@ -246,6 +301,7 @@ class VLLMExaminer(_LetterExaminer):
         self.llm = LLM(**kwargs)
         tokenizer = self.llm.get_tokenizer()
         self.letter_ids = letter_token_ids(lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
+        self.tally = ReplyTally(f"examiner vllm:{path}")
 
     def _read(self, conversations: list[list[dict[str, str]]]) -> torch.Tensor:
         from vllm import SamplingParams
@@ -256,7 +312,9 @@ class VLLMExaminer(_LetterExaminer):
         for out in outputs:
             step = (out.outputs[0].logprobs or [{}])[0]
             by_id = {token: lp.logprob for token, lp in step.items()}
-            rows.append([by_id.get(i, float("-inf")) for i in self.letter_ids])
+            row = [by_id.get(i, float("-inf")) for i in self.letter_ids]
+            rows.append([float("nan")] * 5 if _invalid_row(row) else row)
+        self.tally.record([Invalid("non-finite letter log-probs") if math.isnan(r[0]) else r for r in rows])
         return torch.tensor(rows, dtype=torch.float32)
 
 
@@ -275,6 +333,7 @@ class ServedCoherenceScorer:
         self._local.batch_size = client.batch_size
         self._local.max_length = max_length
         self._local._masked_mean_logprob = self._masked_mean_logprob
+        self.tally = ReplyTally(f"coherence scorer {client.url} (model {client.model!r})")
 
     def score(self, contexts: Sequence[Sequence[str]], responses: Sequence[str], n: int = 3) -> torch.Tensor:
         return self._local.score(contexts, responses, n=n)
@@ -285,13 +344,28 @@ class ServedCoherenceScorer:
              "temperature": 0.0, "prompt_logprobs": 0}
             for prefix, response, _ in batch
         ]
+        def reader(prefix: list[int], response: list[int]) -> Callable[[Any], list[float]]:
+            def read(reply: Any) -> list[float]:
+                steps = first_choice(reply).get("prompt_logprobs") or reply.get("prompt_logprobs")
+                if steps is None:
+                    raise InvalidReply("no prompt_logprobs in the reply (is it vLLM?)")
+                if not isinstance(steps, list) or len(steps) != len(prefix) + len(response):
+                    raise InvalidReply(f"prompt_logprobs for {len(steps) if isinstance(steps, list) else '?'} "
+                                       f"tokens, not {len(prefix) + len(response)}")
+                try:
+                    return [finite_logprob(step[str(t)]["logprob"], f"the log-prob of token {t}")
+                            for step, t in zip(steps[len(prefix):], response)]
+                except (KeyError, TypeError) as err:
+                    raise InvalidReply(f"prompt_logprobs without the given token ({err!r})") from None
+            return read
+
+        results = self.client.map("/completions", payloads, validate=[reader(p, r) for p, r, _ in batch])
+        self.tally.record(results)
         out = []
-        for reply, (prefix, response, mask) in zip(self.client.map("/completions", payloads), batch):
-            steps = reply["choices"][0].get("prompt_logprobs") or reply.get("prompt_logprobs")
-            if steps is None:
-                raise ValueError(f"judge server {self.client.url} returned no prompt_logprobs (is it vLLM?)")
-            steps = steps[len(prefix) :]
-            logprobs = [float(step[str(t)]["logprob"]) for step, t in zip(steps, response)]
+        for logprobs, (prefix, response, mask) in zip(results, batch):
+            if isinstance(logprobs, Invalid):  # no stand-in for a log-prob: stop
+                raise TooManyInvalidReplies(f"{self.tally.where}: invalid reply after {self.client.retries + 1} "
+                                            f"attempts ({logprobs.reason})")
             kept = sum(m for m in mask)
             out.append(sum(lp * m for lp, m in zip(logprobs, mask)) / kept)
         return torch.tensor(out, dtype=torch.float64)

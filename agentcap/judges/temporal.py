@@ -231,10 +231,12 @@ class AnswerTemporalExaminer:
         self.half_width = half_width
         self.max_new_tokens = max_new_tokens
 
-    def _answers(self, pairs: list[tuple[str, str]]) -> list[str]:
+    def _answers(self, pairs: list[tuple[str, str]]) -> list[str | None]:
         raise NotImplementedError
 
-    def read_answer(self, answer: str, caption: str, event: str) -> Interval | None:
+    def read_answer(self, answer: str | None, caption: str, event: str) -> Interval | None:
+        if answer is None:  # an invalid reply (agentcap.judges.replies): the rule's reading, as for no time
+            return self.fallback.locate_one(caption, event)
         if _NULL.match(answer):
             return None
         stated = parse_intervals(answer, bare_numbers=True)

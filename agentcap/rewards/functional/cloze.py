@@ -20,6 +20,7 @@ import torch
 
 from agentcap.judges.examiner import Examiner
 from agentcap.judges.questions import LETTERS, Question
+from agentcap.judges.replies import TooManyInvalidReplies
 from agentcap.judges.temporal import TemporalExaminer
 
 #: AudioMap's r_pos, r_abs, r_neg (Eq. 3); ACE-Cap Eq. 2 uses the same 1 / −0.5 / −1.
@@ -27,13 +28,14 @@ DEFAULT_SCORES = {"r_pos": 1.0, "r_abs": -0.5, "r_neg": -1.0}
 
 
 def answer_scores(
-    predicted: Sequence[str],
+    predicted: Sequence[str | None],
     gold: Sequence[str],
     r_pos: float = 1.0,
     r_abs: float = -0.5,
     r_neg: float = -1.0,
 ) -> torch.Tensor:
-    """Per-question score r_k (AudioMap Eq. 3, ACE-Cap Eq. 2): gold → r_pos, E → r_abs, else r_neg."""
+    """Per-question score r_k (AudioMap Eq. 3, ACE-Cap Eq. 2): gold → r_pos, E → r_abs, else r_neg;
+    NaN for None (an invalid examiner reply, never read as an answer: callers leave it out of means)."""
     if not r_neg < r_abs <= 0 < r_pos:
         raise ValueError(
             f"scores must satisfy r_neg < r_abs <= 0 < r_pos (AudioMap Eq. 3), "
@@ -43,6 +45,9 @@ def answer_scores(
         raise ValueError(f"got {len(predicted)} predicted answers but {len(gold)} gold answers")
     scores = []
     for k, (answer, truth) in enumerate(zip(predicted, gold)):
+        if answer is None:  # the examiner's reply was invalid (agentcap.judges.replies): no score, NaN
+            scores.append(float("nan"))
+            continue
         if answer not in LETTERS:
             raise ValueError(f"predicted answer {k} must be one of A–E, got {answer!r}")
         if truth not in LETTERS[:4]:
@@ -84,7 +89,19 @@ def evidence_sufficiency(
     per_pair = answer_scores(predicted, [q.answer for _, q in unique], **scores)
     if not rows:  # no captions (the examiner was still asked: a sharded one takes part in every call)
         return per_pair.new_zeros(0)
-    return torch.stack([per_pair[torch.tensor(row)].mean() for row in rows])
+    return torch.stack([valid_mean(per_pair[torch.tensor(row)], f"caption {i}") for i, row in enumerate(rows)])
+
+
+def valid_mean(scores: torch.Tensor, what: str) -> torch.Tensor:
+    """The mean of a caption's question scores, those of invalid examiner replies (NaN) left out; a
+    caption none of whose questions got a valid answer stops the run (nothing to reward it with)."""
+    valid = ~scores.isnan()
+    if bool(valid.all()):
+        return scores.mean()
+    if not bool(valid.any()):
+        raise TooManyInvalidReplies(f"the examiner gave no valid answer to any of {what}'s {scores.numel()} "
+                                    "questions (invalid replies; agentcap.judges.replies)")
+    return scores[valid].mean()
 
 
 #: ACE-Cap's name for the same computation: R_G(y), the mean of Eq. 2 over the bank (Eq. 3).
