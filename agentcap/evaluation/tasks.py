@@ -17,8 +17,6 @@ from what the environment and its items carry:
   Eq. 3's +1 / −0.5 / −1.
 - ``tiou`` (AudioMap): an environment with a ``temporal`` examiner and items with ``anchors``: the
   mean over captions of the mean tIoU over their event anchors (Eq. 5, a missing interval scores 0).
-- ``wer`` (real-speech worlds): items whose ``events`` carry ``transcript``s: the word error rate of
-  the captions' quoted speech against the transcripts (:mod:`agentcap.evaluation.wer`).
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from typing import Any
 
 from agentcap.evaluation.captioning import CaptionMetrics
 from agentcap.evaluation.retrieval import recall_at_k
-from agentcap.evaluation.wer import speech_metrics
 from agentcap.judges.questions import question_bank
 from agentcap.rewards.functional.cloze import answer_scores, event_temporal_reward
 
@@ -139,7 +136,6 @@ def task_metrics(
         result.update(question_metrics(env, items, captions))
     if getattr(env, "temporal", None) is not None and items and all(i.get("anchors") for i in items):
         result["tiou"] = float(event_temporal_reward(captions, [i["anchors"] for i in items], env.temporal).mean())
-    result.update(speech_metrics(items, captions))
     return result
 
 
