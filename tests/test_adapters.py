@@ -144,3 +144,34 @@ def test_adapter_config_errors_name_the_field():
     with pytest.raises(ValueError, match="need a `peft` adapter"):
         build_agents({"captioner": AgentConfig(tiny={"kind": "qwen2"}),
                       "instruct": AgentConfig(share_base_with="captioner", peft=LORA)})
+
+
+def test_modules_to_save_train_in_full_per_role_and_the_reference_runs_the_original():
+    """peft.modules_to_save (an audio LM's new projector): trained beside the adapter, one copy per
+    role on a shared base, left out by the KL reference (adapters disabled), kept in checkpoints."""
+    spec = LoraSpec(r=4, alpha=8, modules_to_save=["lm_head"])
+    build = lambda: build_agents({  # noqa: E731
+        "captioner": AgentConfig(tiny={"kind": "qwen2", "tie_word_embeddings": False}, peft=spec, max_new_tokens=5),
+        "instruct": AgentConfig(share_base_with="captioner", peft=spec, max_new_tokens=5),
+    })
+    agents = build()
+    captioner = agents["captioner"]
+    captioner.set_trainable(True)
+    named = dict(captioner.model.named_parameters())
+    trainable = {n for n, p in named.items() if p.requires_grad}
+    assert any("lm_head.modules_to_save.captioner." in n for n in trainable)
+    assert all(".captioner." in n for n in trainable)  # not instruct's copy, not the original head
+    before = {n: p.detach().clone() for n, p in named.items()}
+    train(captioner)
+    head = [n for n in trainable if "modules_to_save" in n]
+    assert all(not torch.equal(named[n], before[n]) for n in head)
+    for n, p in named.items():
+        if n not in trainable:
+            assert torch.equal(p, before[n]), f"changed outside the captioner's adapter: {n}"
+    state = torch.nn.ModuleDict(agents).state_dict()
+    assert any(k.startswith("captioner.") and "lm_head.modules_to_save.captioner." in k for k in state)
+    assert not any("original_module" in k for k in state)  # the base head stays out
+    fresh = torch.nn.ModuleDict(build())
+    fresh.load_state_dict(state)
+    obs = observations(3)
+    torch.testing.assert_close(scores(fresh["captioner"], obs), scores(captioner, obs))

@@ -40,12 +40,17 @@ class LoraSpec:
             same policy, or the first PPO ratio is not 1), so only 0 is accepted.
         target_modules: module names to adapt (``["q_proj", "v_proj"]``…) or ``all-linear``
             (every linear layer but the output head; Hugging Face models only).
+        modules_to_save: modules trained in full beside the adapter (peft's ``modules_to_save``),
+            e.g. ``["multi_modal_projector"]``, the new projector of an assembled audio LM. Each
+            adapter gets its own copy (roles sharing a base do not share it); the KL reference
+            (adapters disabled) runs the original module; checkpoints hold the copy.
     """
 
     r: int = 8
     alpha: int = 16
     dropout: float = 0.0
     target_modules: list[str] | str = field(default_factory=lambda: "all-linear")
+    modules_to_save: list[str] | None = None
 
     def lora_config(self, role: str):
         from peft import LoraConfig
@@ -57,7 +62,8 @@ class LoraSpec:
                 f"agents.{role}.peft.dropout: {self.dropout} — agents always run in eval mode (the sampler "
                 "and the learner must see one policy), so LoRA dropout would never act; set it to 0"
             )
-        return LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=0.0, target_modules=self.target_modules)
+        return LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=0.0, target_modules=self.target_modules,
+                          modules_to_save=list(self.modules_to_save) if self.modules_to_save else None)
 
 
 @contextlib.contextmanager
@@ -94,10 +100,12 @@ class Adapters:
         return list(self.peft_model.peft_config)
 
     def is_adapter_key(self, key: str, name: str | None = None) -> bool:
-        """``…lora_A.<name>.weight`` and the like: a tensor of adapter ``name`` (any adapter if None)."""
+        """``…lora_A.<name>.weight``, ``…modules_to_save.<name>.weight`` and the like: a tensor of
+        adapter ``name`` (any adapter if None)."""
         parts = key.split(".")
         names = self.names if name is None else [name]
-        return any(p.startswith("lora_") and i + 1 < len(parts) and parts[i + 1] in names for i, p in enumerate(parts))
+        return any((p.startswith("lora_") or p == "modules_to_save") and i + 1 < len(parts) and parts[i + 1] in names
+                   for i, p in enumerate(parts))
 
     def own_parameters(self) -> list[nn.Parameter]:
         return [p for n, p in self.model.named_parameters() if self.is_adapter_key(n, self.name)]

@@ -40,7 +40,9 @@ def resolve_model(name_or_path: str | None, where: str, file: str | None = None)
     """The local folder a model field names: a folder as is; a Hub id's cached snapshot (downloaded
     first unless offline). ``file``: fetch only that file of the repo (``agentcap plan`` needs
     ``config.json`` alone). Anything that is neither a folder nor an id comes back unchanged, for the
-    caller's own "not found" message."""
+    caller's own "not found" message. A leading ``~`` is the home folder (``~/.cache/agentcap/…``)."""
+    if isinstance(name_or_path, str) and name_or_path.startswith("~"):
+        name_or_path = os.path.expanduser(name_or_path)
     if name_or_path is None or not is_hub_id(name_or_path):
         return name_or_path
     from huggingface_hub import hf_hub_download, snapshot_download

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from agentcap.evaluation.tasks import item_row, task_metrics
+from agentcap.evaluation.wer import speech_metrics
 from agentcap.parallel.distributed import gather_objects, most, share, world
 from agentcap.rollout.driver import RolloutDriver
 
@@ -65,6 +66,8 @@ def evaluate_rollouts(
     if captioning is not None:
         papers = task_metrics(env, [env.items[i] for i, _ in every], ordered, captioning) if world()[0] == 0 else None
         result.update(gather_objects(papers)[0])
+    # real-speech worlds: the WER of the quoted speech (every rank holds the gathered rows)
+    result.update(speech_metrics([env.items[i] for i, _ in every], [str(r.get("caption") or "") for r in ordered]))
     if rows is not None:
         rows.extend(ordered)
     return result
