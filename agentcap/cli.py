@@ -28,6 +28,7 @@ from agentcap.parallel.loading import load_by_shard
 from agentcap.parallel.signals import StopOnSignal, stop_on_signals
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint, usable_checkpoint
 from agentcap.resume.configs import config_paths, read_config
+from agentcap.resume.disk import OutOfSpace, is_full, no_space
 from agentcap.resume.run_dir import RunLock, check_writable, logger_run_id
 from agentcap.training.callbacks import print_results
 from agentcap.training.finite import NonFiniteError
@@ -104,6 +105,7 @@ class AgentcapCLI(LightningCLI):
             trainer["enable_checkpointing"] = True  # a ModelCheckpoint needs it; no flag to remember
         # before the module writes its vocabulary, or validate evaluates and then cannot save
         check_writable(self.run_config["model"]["run_dir"], f"agentcap {self.subcommand}")
+        TickCheckpoint.check(self.run_config.get("checkpoint_every", 10), self.run_config.get("checkpoint_keep", 3))
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -374,6 +376,12 @@ def main(argv: list[str] | None = None) -> None:
         hint = _demo_hint(argv) if isinstance(err, MissingWeightsError) else ""
         print(f"agentcap: {err}{hint}", file=sys.stderr)
         raise SystemExit(1 if isinstance(err, NonFiniteError) else 2) from None
+    except (OSError, RuntimeError) as err:
+        if not is_full(err) or os.environ.get(DEBUG):
+            raise
+        # a full disk (or TMPDIR): the file and the room its folder has, not torch's "file write failed"
+        print(f"agentcap: {err if isinstance(err, OutOfSpace) else no_space(err)}", file=sys.stderr)
+        raise SystemExit(1) from None
     finally:
         sys.argv = program
 

@@ -48,6 +48,15 @@ def test_outside_a_trainer_a_signal_stops_at_once(handlers):
     assert stopped.value.code == 128 + signal.SIGUSR1 and str(stopped.value) == "stopped by SIGUSR1"
 
 
+def test_sigint_is_a_stop_signal_like_sigterm(handlers):
+    """Ctrl-C: not Python's KeyboardInterrupt (Lightning exited 1 mid-step, nothing saved) but 130."""
+    assert signal.SIGINT in signals.STOP_SIGNALS
+    with pytest.raises(signals.Stopped) as stopped:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    assert stopped.value.code == 130 and str(stopped.value) == "stopped by SIGINT"
+
+
 def test_a_run_that_got_a_signal_never_exits_0(handlers):
     """Lightning ends a fit it stopped on SIGTERM with SystemExit(None), status 0."""
     signals.StopOnSignal().setup(SimpleNamespace(), None, "fit")  # a trainer runs: the signal waits for a batch
@@ -93,7 +102,7 @@ def fit_process(config: Path, *extra: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow  # `agentcap fit` in a subprocess, twice
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
 def test_a_signalled_fit_saves_its_tick_exits_non_zero_and_resumes(tmp_path, toy_movie, make_read_config, signum):
     stages = [{"name": "sft", "kind": "sft", "agent": "policy", "steps": 8}]
     config = make_read_config(tmp_path / "run", toy_movie, stages).rename(tmp_path / "config.yaml")

@@ -1,11 +1,11 @@
-"""Stop signals: SIGTERM and SIGUSR1 end a run promptly, save what they can, and exit 128 + the signal.
+"""Stop signals: SIGTERM, SIGUSR1 and SIGINT (Ctrl-C) end a run promptly, save what they can, and exit 128 + the signal.
 
 A scheduler preempts a job with SIGTERM (SLURM: also SIGUSR1 shortly before, with ``--signal``).
 Lightning alone stops a fit at the next batch with status 0, which the scheduler reads as success,
 and nothing interrupts a step that waits on a judge. Here:
 
 * between ticks (Lightning's own SIGTERM check, or :class:`StopOnSignal` at the next batch) the
-  run saves a tick checkpoint of the finished ticks, then exits 143 (SIGTERM) or 138 (SIGUSR1);
+  run saves a tick checkpoint of the finished ticks, then exits 143 (SIGTERM), 138 (SIGUSR1) or 130 (SIGINT);
 * during a step, a wait on a served judge ends within a tenth of a second (:func:`check`); the
   step's half-done state is not saved, the newest checkpoint stays the last intact one;
 * outside a trainer's run (building models, printing results), or on a second signal, the
@@ -28,8 +28,9 @@ from typing import Any
 
 import lightning as L
 
-#: the signals that stop a run (SIGUSR1 where the platform has it)
-STOP_SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR1", None)) if s is not None)
+#: the signals that stop a run (SIGUSR1 where the platform has it); SIGINT (Ctrl-C) as SIGTERM: saved
+#: between ticks, exit 130 (Python's KeyboardInterrupt reached Lightning mid-step: exit 1, nothing saved)
+STOP_SIGNALS = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGUSR1", None), signal.SIGINT) if s is not None)
 
 _received: int | None = None  # the first stop signal this process got
 _trainer: Any = None  # the trainer whose loop is running: the signal waits for its next batch

@@ -22,7 +22,9 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from agentcap.core.settings import check
 from agentcap.resume import sharded
+from agentcap.resume.disk import is_full, no_space, remove_partial
 
 
 class TickCheckpoint(L.Callback):
@@ -36,10 +38,14 @@ class TickCheckpoint(L.Callback):
     """
 
     def __init__(self, every: int = 10, keep: int = 3):
-        self.every = max(1, every)
-        if keep < 1:
-            raise ValueError(f"--checkpoint_keep ({keep}) must be ≥ 1")
-        self.keep = keep
+        self.check(every, keep)
+        self.every, self.keep = every, keep
+
+    @staticmethod
+    def check(every: Any, keep: Any) -> None:
+        """``--checkpoint_every`` ≤ 0 (was taken as 1) and ``--checkpoint_keep 0`` (a traceback) are refused."""
+        check("--checkpoint_every", every, "≥ 1", " (ticks between checkpoints)")
+        check("--checkpoint_keep", keep, "≥ 1", " (how many newest checkpoints to keep)")
 
     @staticmethod
     def path(run_dir: str) -> str:
@@ -68,7 +74,14 @@ class TickCheckpoint(L.Callback):
         if trainer.is_global_zero:
             os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"
-        trainer.save_checkpoint(tmp, weights_only=False)  # full state: optimiser, loops, tick
+        try:
+            trainer.save_checkpoint(tmp, weights_only=False)  # full state: optimiser, loops, tick
+        except Exception as err:  # a full disk: no partial .tmp left behind, the file named in one line
+            if trainer.is_global_zero:
+                remove_partial(tmp)
+            if is_full(err):
+                raise no_space(err, path, "saving the checkpoint") from err
+            raise
         if trainer.is_global_zero:
             _replace(tmp, path)
             _point_last(path, self.path(pl_module.run_dir))
