@@ -148,6 +148,15 @@ def test_a_bad_benchmark_row_is_named(tmp_path):
         read_benchmark(str(path))
 
 
+def test_repeated_benchmark_ids_are_refused_with_the_count(tmp_path):
+    """Two rows with one id would count one question twice: refused, saying how many rows repeat."""
+    rows = ROWS + [ROWS[0], ROWS[0], ("q3",) + ROWS[3][1:]]
+    path = write_rows(tmp_path / "bench.jsonl", rows)
+    with pytest.raises(ManifestError, match=r"bench\.jsonl: 3 of 9 rows repeat an earlier row's id \(2 ids: "
+                                            r"'q1' at rows 1, 7, 8; 'q3' at rows 3, 9\)"):
+        read_benchmark(str(path))
+
+
 def test_rule_judge_reads_the_sentence_about_the_subject():
     caption = "From 0.1 s to 1.0 s, a loud high beep sounds twice. From 2.0 s to 3.0 s, a soft low hiss sounds once."
     judge = RuleJudge()

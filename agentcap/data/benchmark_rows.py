@@ -13,6 +13,7 @@ question::
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentcap.core.manifests import ManifestError
@@ -63,3 +64,17 @@ def check_benchmark_row(row: Any, where: str) -> None:
     if duration is not None and (isinstance(duration, bool) or not isinstance(duration, (int, float))
                                  or not math.isfinite(duration) or duration < 0):
         raise ManifestError(f"{where}: field 'duration' must be a number of seconds >= 0 or null, got {duration!r}")
+
+
+def check_unique_ids(rows: Sequence[Mapping[str, Any]], where: str) -> None:
+    """Raise :class:`ManifestError` naming how many rows repeat an earlier row's ``id`` (a question
+    counted twice would weigh double in the accuracy), and the first few ids with their row numbers."""
+    seen: dict[str, list[int]] = {}
+    for number, row in enumerate(rows, 1):
+        seen.setdefault(row["id"], []).append(number)
+    repeated = {i: numbers for i, numbers in seen.items() if len(numbers) > 1}
+    if repeated:
+        extra = sum(len(numbers) - 1 for numbers in repeated.values())
+        shown = "; ".join(f"{i!r} at rows {', '.join(map(str, numbers[:5]))}" for i, numbers in list(repeated.items())[:3])
+        raise ManifestError(f"{where}: {extra} of {len(rows)} rows repeat an earlier row's id ({len(repeated)} ids: "
+                            f"{shown}{'; …' if len(repeated) > 3 else ''}); every question needs its own id")

@@ -36,7 +36,7 @@ import torch
 
 from agentcap.core.manifests import read_manifest, resolve
 from agentcap.core.settings import ConfigError, check
-from agentcap.data.benchmark_rows import LETTERS, check_benchmark_row
+from agentcap.data.benchmark_rows import LETTERS, check_benchmark_row, check_unique_ids
 from agentcap.judges.causal_lm import CausalLMJudge
 from agentcap.judges.questions import sentences
 from agentcap.judges.replies import Invalid, ReplyTally, letter_scores
@@ -322,8 +322,10 @@ def captioner_identity(config: str, checkpoint: str | None) -> str:
 
 # --- the run ---------------------------------------------------------------------------------------
 def read_benchmark(path: str) -> list[dict[str, Any]]:
-    """The benchmark manifest's rows, each checked by ``check_benchmark_row`` (errors name file:line)."""
+    """The benchmark manifest's rows, each checked by ``check_benchmark_row`` (errors name file:line);
+    ids repeated across rows are refused, naming how many rows repeat one (``check_unique_ids``)."""
     rows = read_manifest(path, check=check_benchmark_row)
+    check_unique_ids(rows, path)
     for row in rows:
         row["_clip"] = os.path.abspath(resolve(row["audio"], row["_manifest"]))
     return rows
