@@ -25,6 +25,7 @@ import torch
 import yaml
 
 from agentcap.agents import audio_lm
+from agentcap.commands.assemble import assemble_command
 from agentcap.agents.whisper_ct2 import CT2FormatError, read_ct2, whisper_state_dict, whisper_tiny_en
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,7 +260,7 @@ def test_a_bad_whisper_file_leaves_no_folder(tmp_path, capsys):
         path = cases[kind][0]
         with pytest.raises(CT2FormatError):
             audio_lm.assemble(out, whisper=path, smollm2=tmp_path / "unused")
-        assert audio_lm.assemble_command(["--out", str(out), "--whisper", str(path)]) == 2
+        assert assemble_command(["--out", str(out), "--whisper", str(path)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("agentcap assemble: ") and "\n" not in err and str(path) in err, (kind, err)
         assert not out.exists() and list(out.parent.iterdir()) == [], (kind, list(out.parent.iterdir()))

@@ -57,7 +57,7 @@ for entry in "${ASSET_PACKAGES[@]}"; do
   rm -rf "$debs"
 done
 # The assembled audio LM folder (Whisper tiny.en encoder + SmolLM2), built once into agentcap's cache.
-if ! log=$(.venv/bin/python -m agentcap.agents.audio_lm 2>&1); then
+if ! log=$(.venv/bin/python -m agentcap.commands.assemble 2>&1); then
   printf '%s\n' "$log" | tail -n 5 >&2
   echo "setup: the audio LM was not assembled (agentcap assemble)" >&2
 fi

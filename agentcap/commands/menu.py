@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("agentcap.commands.export:export_command", "Write each trained agent as a save_pretrained folder."),
     "plan": ("agentcap.commands.plan:plan_command", "Memory per rank and stage of a config, from config.json files alone."),
     "data": ("agentcap.commands.data:data_command", "Convert public datasets to manifests (convert); build question banks (bank)."),
-    "assemble": ("agentcap.agents.audio_lm:assemble_command", "Build the offline audio LM (Whisper tiny.en encoder + SmolLM2) as a save_pretrained folder."),
+    "assemble": ("agentcap.commands.assemble:assemble_command", "Build the offline audio LM (Whisper tiny.en encoder + SmolLM2) as a save_pretrained folder."),
 }
 
 #: LightningCLI's subcommands, as agentcap runs them.
