@@ -66,3 +66,44 @@ def test_a_full_tmpdir_is_named_when_the_error_names_no_file(tmp_path, monkeypat
     named = str(no_space(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "m.jsonl"))))
     assert named.startswith(f"writing {tmp_path / 'm.jsonl'} (")
     assert not is_full(OSError(errno.ENOENT, "missing")) and not is_full(RuntimeError("other"))
+
+
+# --- a torn last line in a file agentcap appends to ------------------------------------------------
+def test_a_torn_last_sample_line_is_dropped_naming_the_file_and_line(tmp_path, capsys):
+    import json
+
+    from agentcap.training.callbacks import SampleTable
+
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps({"tick": t}) + "\n" for t in (0, 1, 2)) + '{"tick": 3, "resp')  # killed mid-write
+    SampleTable().on_train_start(SimpleNamespace(is_global_zero=True), SimpleNamespace(run_dir=str(tmp_path), tick=2))
+    assert [json.loads(line)["tick"] for line in path.read_text().splitlines()] == [0, 1]
+    assert capsys.readouterr().err.strip() == (
+        f"agentcap: {path}:4: a torn last line (the process was killed while writing it); dropped")
+
+
+# --- data convert: a Latin-1 line, a 10 MB cell -----------------------------------------------------
+def test_a_latin1_line_and_a_huge_cell_cost_only_their_rows(tmp_path):
+    import json
+    from pathlib import Path
+
+    from agentcap.commands.data import data_command
+
+    public = Path(__file__).parent / "data" / "public" / "clotho"
+    csv = tmp_path / "captions.csv"
+    csv.write_bytes(
+        b"file_name,caption_1,caption_2,caption_3,caption_4,caption_5\n"
+        b"birds.wav,Birds chirp in the trees.,Small birds sing.,,,\n"
+        b"birds.wav,Caf\xe9 noise and birds.,,,,\n"                       # line 3: Latin-1
+        b"birds.wav,\"" + b"x" * 10_000_000 + b"\",,,,\n"                 # line 4: a 10 MB cell
+        b"\"rain, heavy.wav\",Heavy rain falls on leaves.,\"a caption\nover two lines\",,,\n")
+    out = tmp_path / "m.jsonl"
+    code = data_command(["convert", "--from", "clotho", "--input", str(csv), "--root", str(public / "audio"),
+                         "--out", str(out)])
+    assert code == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    refused = [json.loads(line) for line in (tmp_path / "m.refused.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and any("over two lines" in json.dumps(r) for r in rows)  # the rest is kept
+    reasons = {r["where"]: r["reason"] for r in refused}
+    assert reasons[f"{csv}:3"] == f"{csv}:3: not valid UTF-8 (byte 0xe9 at column 14)"
+    assert reasons[f"{csv}:4"].startswith(f"{csv}:4: a line of 10000017 bytes, longer than the 131072")

@@ -19,6 +19,7 @@ import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping
 
 from agentcap.evaluation.table import results_table
+from agentcap.resume.appended import read_appended
 
 
 class TickStep(L.Callback):
@@ -184,8 +185,7 @@ class SampleTable(L.Callback):
         path = os.path.join(pl_module.run_dir, "samples.jsonl")
         if not trainer.is_global_zero or not os.path.isfile(path):
             return
-        with open(path, encoding="utf-8") as handle:
-            kept = [line for line in handle if line.strip() and json.loads(line).get("tick", -1) < pl_module.tick]
+        kept = [line for line, row in read_appended(path) if row.get("tick", -1) < pl_module.tick]  # torn: named
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
             handle.writelines(kept)
         os.replace(path + ".tmp", path)

@@ -84,18 +84,82 @@ def parse_map(text: str | None) -> dict[str, str]:
 
 
 # --- reading -----------------------------------------------------------------------------------------
+#: the longest CSV line read (Python's csv field limit): a longer one is refused by line, the rest kept
+CSV_LINE_BYTES = csv.field_size_limit()
+
+
+class RefusedRow(dict):
+    """A CSV row that could not be read (a line not UTF-8, or too long): reading any field raises
+    its :class:`ManifestError`, so each adapter refuses it by line as it refuses a bad field."""
+
+    def __init__(self, error: ManifestError):
+        super().__init__()
+        self.error = error
+
+    def __getitem__(self, key: Any) -> Any:
+        raise self.error
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        raise self.error
+
+
+def _csv_lines(path: str, handle: Any, bad: dict[int, str]) -> Iterator[str]:
+    """The file's lines decoded one by one; one that is not UTF-8 or longer than ``CSV_LINE_BYTES``
+    is recorded in ``bad`` by its number and read as an empty line (never held whole in memory)."""
+    number = 0
+    while True:
+        raw = handle.readline(CSV_LINE_BYTES + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > CSV_LINE_BYTES and not raw.endswith(b"\n"):
+            size = len(raw)
+            while raw and not raw.endswith(b"\n"):  # skip the rest of the line, a block at a time
+                raw = handle.readline(1 << 20)
+                size += len(raw)
+            bad[number] = f"a line of {size} bytes, longer than the {CSV_LINE_BYTES} a CSV row may have"
+            yield "\n"
+            continue
+        try:
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as err:
+            bad[number] = f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})"
+            yield "\n"
+
+
 def csv_rows(path: str, needed: list[str]) -> Iterator[tuple[str, dict[str, str]]]:
-    """(``file:line``, row) of a CSV with a header; a header without a needed column stops the read."""
-    with open(path, encoding="utf-8-sig", newline="") as handle:
-        reader = csv.DictReader(handle)
-        header = reader.fieldnames or []
+    """(``file:line``, row) of a CSV with a header; a header without a needed column stops the read.
+
+    Read as bytes, line by line: a line that is not UTF-8 or too long costs only its row (a
+    :class:`RefusedRow` naming the line), the rest of the file is kept."""
+    bad: dict[int, str] = {}
+    with open(path, "rb") as handle:
+        reader = csv.reader(_csv_lines(path, handle, bad))
+        header = next(reader, [])
+        if bad:
+            raise ValueError(f"{path}:1: the header is {bad[1]}")
         missing = [c for c in needed if c not in header]
         if missing:
             raise ValueError(
                 f"{path}:1: column(s) {missing} not in the header {header}; name them with --map field=column"
             )
-        for row in reader:
-            yield f"{path}:{reader.line_num}", row
+        first = reader.line_num + 1
+        for fields in reader:
+            where = f"{path}:{reader.line_num}"
+            problems = [f"line {n}: {bad.pop(n)}" for n in range(first, reader.line_num + 1) if n in bad]
+            first = reader.line_num + 1
+            if problems:
+                reason = problems[0].split(": ", 1)[1] if len(problems) == 1 else "; ".join(problems)
+                yield where, RefusedRow(ManifestError(f"{where}: {reason}"))
+                continue
+            if not fields:
+                continue  # a blank line, as csv.DictReader skips it
+            row: dict[Any, Any] = dict(zip(header, fields))
+            if len(fields) > len(header):
+                row[None] = fields[len(header):]  # csv.DictReader's restkey
+            for column in header[len(fields):]:
+                row[column] = None  # and its restval
+            yield where, row
 
 
 def json_records(path: str, key: str | None = None) -> Iterator[tuple[str, Any]]:
