@@ -15,7 +15,7 @@ import re
 import sys
 import textwrap
 
-from agentcap.commands.menu import COMMANDS, LIGHTNING, overview, refuse_unknown
+from agentcap.commands.menu import COMMANDS, LIGHT, LIGHTNING, overview, refuse_unknown
 
 HELP = ("-h", "--help")
 FULL_HELP = "--help=full"
@@ -35,9 +35,84 @@ def main(argv: list[str] | None = None) -> None:
     if name in COMMANDS and any(arg in HELP for arg in argv[1:]):  # the command's own argparse page
         module, function = COMMANDS[name][0].split(":")
         raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
+    if name in LIGHT:  # envs, plan, data: no Lightning, no torch (agentcap.cli would import both)
+        raise SystemExit(run_light(argv))
+    if name in LIGHTNING:
+        refuse_unknown_keys(argv)  # a typo'd key is refused before Lightning loads (seconds)
     from agentcap.cli import main as run
 
     run(["--help" if arg == FULL_HELP else arg for arg in argv])
+
+
+def refuse_unknown_keys(argv: list[str]) -> None:
+    """An unknown ``model.*`` / ``trainer.*`` key, in a ``--config`` file or a flag, refused in two
+    lines naming the nearest option, as ``agentcap.cli.SuggestingParser`` would, but from the sources
+    of ``GRPOModule`` and Lightning's ``Trainer`` (read, not imported). Anything it cannot read is left to
+    jsonargparse: this check only ever refuses a key neither signature has."""
+    import difflib
+
+    known = {"model": {a.split()[0].split(".", 1)[1] for a, _, _ in _model_options()}, "trainer": _trainer_options()}
+    if not known["model"] or not known["trainer"]:
+        return
+    given: list[tuple[str, str, str]] = []  # (group, key, where)
+    for i, arg in enumerate(argv):
+        flag = arg.split("=", 1)[0]
+        for group in known:
+            if flag.startswith(f"--{group}."):
+                given.append((group, flag[len(group) + 3 :].split(".")[0].rstrip("+"), "the command line"))
+        path = arg.split("=", 1)[1] if arg.startswith("--config=") else (
+            argv[i + 1] if arg in ("-c", "--config") and i + 1 < len(argv) else None)
+        if path and os.path.isfile(path):
+            try:
+                import yaml
+
+                with open(path, encoding="utf-8") as handle:
+                    document = yaml.safe_load(handle)
+            except Exception:
+                continue  # agentcap.cli names an unreadable file
+            for group in known:
+                section = document.get(group) if isinstance(document, dict) else None
+                if isinstance(section, dict):
+                    given += [(group, str(key), path) for key in section]
+    for group, key, where in given:
+        if key and key not in known[group]:
+            options = [f"--{group}.{k}" for k in sorted(known[group])]
+            near = difflib.get_close_matches(f"--{group}.{key}", options, n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            print(f"agentcap {argv[0]}: error: {group} has no option {key!r} (--{group}.{key}, in {where}){hint}\n"
+                  f"(its options: agentcap {argv[0]} --help)", file=sys.stderr)
+            raise SystemExit(2)
+
+
+def _trainer_options() -> set[str]:
+    """The arguments of Lightning's ``Trainer.__init__``, read from its source (empty when not found)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("lightning")
+        folder = list(spec.submodule_search_locations or [])[0] if spec is not None else None
+        with open(os.path.join(folder, "pytorch", "trainer", "trainer.py"), encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+    except (ImportError, ValueError, IndexError, TypeError, OSError, SyntaxError):
+        return set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "Trainer":
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == "__init__":
+                    return {a.arg for a in [*f.args.args[1:], *f.args.kwonlyargs]}
+    return set()
+
+
+def run_light(argv: list[str]) -> int:
+    """A command of :data:`LIGHT`, as ``agentcap.cli.main`` would run it (``--debug``, offline W&B,
+    no transformers progress bars), without importing Lightning."""
+    if "--debug" in argv:
+        argv.remove("--debug")
+        os.environ["AGENTCAP_DEBUG"] = "1"  # agentcap.cli.DEBUG
+    os.environ.setdefault("WANDB_MODE", "offline" if not os.environ.get("WANDB_API_KEY") else "online")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when transformers loads, if ever
+    module, function = COMMANDS[argv[0]][0].split(":")
+    return getattr(importlib.import_module(module), function)(argv[1:])
 
 
 def short_help(command: str) -> str:

@@ -14,6 +14,7 @@ import fnmatch
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from typing import Any
 
@@ -32,14 +33,19 @@ def envs_command(argv: list[str]) -> int:
     patterns = parser.parse_args(argv).patterns
     gymnasium_own = set(gym.registry)  # registered when gymnasium was imported: never listed unasked
     load_env_plugins()
-    wanted = [_import_for(pattern) for pattern in patterns]
-    if wanted:
+    failed: list[str] = []
+    wanted = [_import_for(pattern, failed) for pattern in patterns]
+    for line in failed:
+        print(f"agentcap envs: {line}", file=sys.stderr)
+    wanted = [w for w in wanted if w[0] is not None]
+    if wanted or failed:
         chosen = [i for i, spec in gym.registry.items() if any(_matches(i, spec, *w) for w in wanted)]
     else:
         chosen = [i for i in gym.registry if i.startswith("agentcap/") or i not in gymnasium_own]
     if not chosen:
+        hint = "" if failed else _not_found_hint(patterns)
         print(f"agentcap envs: no registered id matches {' '.join(patterns)!r}; `agentcap envs` lists "
-              f"agentcap's", file=sys.stderr)
+              f"agentcap's{hint}", file=sys.stderr)
         return 1
     for env_id in sorted(chosen):
         spec = gym.registry[env_id]
@@ -48,22 +54,48 @@ def envs_command(argv: list[str]) -> int:
     return 0
 
 
-def _import_for(pattern: str) -> tuple[str, str | None]:
+def _import_for(pattern: str, failed: list[str]) -> tuple[str | None, str | None]:
     """Import the module a pattern names (``module:PATTERN``, or a bare importable package name);
-    return the pattern to match ids against and that module (None for a plain pattern)."""
+    return the pattern to match ids against and that module (None for a plain pattern). A module
+    that exists but fails to import is named in ``failed`` with its error."""
     module, _, rest = pattern.rpartition(":")
     if module:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # a missing module or one whose import raises: said, not a traceback
+            failed.append(f"importing {module!r} failed: {type(err).__name__}: {err}{_path_hint(err)}")
+            return None, module  # nothing of it is registered: its pattern lists nothing
         return rest or "*", module
     top = pattern.split(".")[0]
     if pattern.replace(".", "").replace("_", "").isalnum() and top not in sys.stdlib_module_names:
         try:
-            if importlib.util.find_spec(pattern) is not None:
-                importlib.import_module(pattern)  # it registers its own environments
-                return pattern, pattern
+            found = importlib.util.find_spec(pattern) is not None
         except (ImportError, ValueError):
-            pass  # not a module: only a pattern
+            found = False  # not a module: only a pattern
+        if found:
+            try:
+                importlib.import_module(pattern)  # it registers its own environments
+            except Exception as err:
+                failed.append(f"module {pattern!r} failed to import, so its environments are not registered: "
+                              f"{type(err).__name__}: {err}")
+            return pattern, pattern
     return pattern, None
+
+
+def _path_hint(err: BaseException) -> str:
+    if isinstance(err, ModuleNotFoundError) and os.getcwd() not in sys.path and "" not in sys.path:
+        return (f" (the current folder is not on the import path of the `agentcap` script: run it with "
+                f"PYTHONPATH=. or install your package, pip install -e .)")
+    return ""
+
+
+def _not_found_hint(patterns: list[str]) -> str:
+    """A bare name that is no importable module but a package folder here: the import path is why."""
+    here = [p for p in patterns if os.path.isdir(p.split(".")[0]) or os.path.isfile(p.split(".")[0] + ".py")]
+    if here and os.getcwd() not in sys.path and "" not in sys.path:
+        return (f"; {here[0]!r} is a module in the current folder, which is not on the import path of the "
+                f"`agentcap` script: run it with PYTHONPATH=. or install your package (pip install -e .)")
+    return ""
 
 
 def _matches(env_id: str, spec: Any, pattern: str, module: str | None) -> bool:
@@ -76,11 +108,37 @@ def _matches(env_id: str, spec: Any, pattern: str, module: str | None) -> bool:
 
 
 def _first_doc_line(spec: Any) -> str:
+    if isinstance(spec.entry_point, str):
+        line = _doc_line_from_source(spec.entry_point)
+        if line is not None:  # read, not imported: the built-in environments' modules import torch
+            return line
     try:
         creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
         return (creator.__doc__ or "").strip().splitlines()[0]
     except Exception as err:  # an env whose module fails to import is still listed
         return f"(cannot import: {err})"
+
+
+def _doc_line_from_source(entry_point: str) -> str | None:
+    """The first docstring line of ``module:Class`` read from the module's source, without importing
+    the module (its parent packages are imported to find it); None when it cannot be read so."""
+    import ast
+
+    module, _, name = entry_point.partition(":")
+    try:
+        found = importlib.util.find_spec(module)
+        origin = found.origin if found is not None else None
+        if not origin or not origin.endswith(".py"):
+            return None
+        with open(origin, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+    except (ImportError, ValueError, OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            doc = ast.get_docstring(node)
+            return doc.strip().splitlines()[0] if doc and doc.strip() else ""
+    return None
 
 
 def env_page(env_id: str) -> str:

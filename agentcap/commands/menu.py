@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "assemble": ("agentcap.commands.assemble:assemble_command", "Build the offline audio LM (Whisper tiny.en encoder + SmolLM2) as a save_pretrained folder."),
 }
 
+#: Commands that need neither Lightning nor torch to start: ``agentcap.launcher`` runs them itself,
+#: without importing ``agentcap.cli`` (which imports Lightning: seconds, tens on a busy machine).
+LIGHT = ("envs", "plan", "data")
+
 #: LightningCLI's subcommands, as agentcap runs them.
 LIGHTNING = {
     "fit": "Train through the model's schedule of stages; re-running continues from the run's newest checkpoint.",

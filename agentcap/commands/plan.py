@@ -349,6 +349,10 @@ def report(config_path: str, config: dict[str, Any], rows: list[dict[str, Any]],
     return "\n".join(parts)
 
 
+#: The repository's config.json stand-ins of the paper recipes' models (relative to the repository root).
+STAND_INS = "tools/plan_models"
+
+
 def plan_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agentcap plan", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="the fit config (YAML)")
@@ -374,6 +378,9 @@ def plan_command(argv: list[str]) -> int:
                     args.host_memory, args.sleeping_engine)
     except (FileNotFoundError, ValueError, KeyError) as err:  # ConfigError is a ValueError
         print(f"agentcap plan: {args.config}: {err}", file=sys.stderr)
+        if isinstance(err, FileNotFoundError) and args.root == "." and os.path.isdir(STAND_INS):
+            print(f"agentcap plan: the paper models' config.json stand-ins ship in {STAND_INS}: "
+                  f"agentcap plan --config {args.config} --root {STAND_INS}", file=sys.stderr)
         return 2
     print(report(args.config, config, rows, args))
     verdict = refusal(rows)
