@@ -155,3 +155,68 @@ def test_caption_audio_warns_for_files_longer_than_max_seconds(tmp_path, toy_sou
         code = caption_command(["--config", config, "--audio", str(files / "long.wav"), str(tmp_path / "short.wav"),
                                 "--out", str(tmp_path / "out.jsonl")])
     assert code == 0
+
+
+# --- non-finite and out-of-range samples (issue 34 case 4) -------------------------------------------
+@pytest.fixture(scope="module")
+def bad_samples(tmp_path_factory):
+    """Float WAVs whose samples are NaN, Inf or absurdly large (from 0.5 s on), and two that are fine:
+    a float file running hot (peak 1.5) and a full-scale 16-bit one."""
+    out = tmp_path_factory.mktemp("samples")
+    for name, value in (("nan", np.nan), ("inf", np.inf), ("huge", 1e6)):
+        wave = tone(1.0)
+        wave[RATE // 2 :: 97] = value
+        soundfile.write(out / f"{name}.wav", wave, RATE, subtype="FLOAT")
+    stereo = np.stack([tone(1.0), tone(1.0)], axis=1)
+    stereo[RATE // 2, 1] = np.nan  # one channel, one frame
+    soundfile.write(out / "nan_stereo.wav", stereo, RATE, subtype="FLOAT")
+    soundfile.write(out / "hot.wav", tone(1.0) * 5.0, RATE, subtype="FLOAT")  # peak 1.5
+    soundfile.write(out / "full.wav", np.sign(tone(1.0)), RATE, subtype="PCM_16")
+    return out
+
+
+@pytest.mark.parametrize("name, problem", [("nan", r"non-finite samples \(NaN or Inf\) from 0\.500 s"),
+                                           ("inf", r"non-finite samples \(NaN or Inf\) from 0\.500 s"),
+                                           ("nan_stereo", r"non-finite samples \(NaN or Inf\) from 0\.500 s"),
+                                           ("huge", r"samples of magnitude up to 1e\+06 from 0\.500 s, beyond ±4")])
+def test_non_finite_or_out_of_range_samples_are_refused_naming_the_file(bad_samples, name, problem):
+    path = str(bad_samples / f"{name}.wav")
+    with pytest.raises(AudioDecodeError, match=rf"m.jsonl:4: field 'audio': audio file '.*/{name}\.wav' has {problem}"):
+        check_audio({"audio": path}, "audio", "m.jsonl:4")
+    with pytest.raises(AudioDecodeError, match=rf"{name}\.wav' has {problem}"):
+        check_audio({"audio": path}, "audio", "m.jsonl:4", max_seconds=0.8)  # inside the kept part
+    with pytest.raises(AudioDecodeError, match=rf"clip: audio file '.*/{name}\.wav' has {problem}"):
+        load_audio(path, RATE, "clip")
+
+
+def test_loud_float_and_full_scale_integer_files_pass(bad_samples):
+    for name in ("hot.wav", "full.wav"):
+        assert check_audio({"audio": str(bad_samples / name)}, "audio", "m.jsonl:1") == pytest.approx(1.0)
+        assert len(load_audio(str(bad_samples / name), RATE)) == RATE
+
+
+def test_bad_samples_are_refused_at_load_in_caption_evaluate_and_fit(tmp_path, toy_soundscapes, bad_samples, capsys):
+    """``caption --audio``: an error row naming the file, exit 1. A manifest row (what ``fit`` and
+    ``evaluate`` load through the environment): refused at load naming the manifest line and the file."""
+    from test_caption_robustness import caption_command, cloze_config
+
+    good = sorted((toy_soundscapes / "audio").glob("test-*.wav"))[0]
+    files = [str(good), str(bad_samples / "nan.wav"), str(bad_samples / "huge.wav")]
+    out = tmp_path / "captions.jsonl"
+    code = caption_command(["--config", cloze_config(tmp_path, toy_soundscapes), "--audio", *files, "--out", str(out)])
+    assert code == 1
+    errors = sorted(r["error"] for r in map(json.loads, out.read_text().splitlines()) if r.get("error"))
+    assert len(errors) == 2 and "huge.wav' has samples of magnitude" in errors[0]
+    assert "nan.wav' has non-finite samples" in errors[1]
+    assert "1 captioned, 2 failed, 0 skipped" in capsys.readouterr().err
+
+    rows = [json.loads(line) for line in (toy_soundscapes / "val.jsonl").read_text().splitlines()[:3]]
+    for row in rows:
+        row["audio"] = str(toy_soundscapes / row["audio"])
+    rows[1]["audio"] = str(bad_samples / "inf.wav")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ManifestError, match=r"m\.jsonl:2: field 'audio': audio file '.*/inf\.wav' has non-finite"):
+        gym.make("agentcap/ClozeCaption-v0", manifest=str(manifest))
+    env = gym.make("agentcap/ClozeCaption-v0", manifest=str(manifest), on_error="skip", max_skip_fraction=0.5).unwrapped
+    assert len(env.items) == 2

@@ -285,6 +285,7 @@ def _decode_audio(path: str, sample_rate: int, where: str, max_seconds: float | 
         raise ManifestError(f"{where}: audio file {path!r} is corrupt or unsupported ({err})") from None
     if wave.shape[0] == 0:
         raise ManifestError(f"{where}: audio file {path!r} has no samples")
+    check_samples(wave, 0, rate, where, path)  # NaN / Inf / absurd values: refused, not captioned as ""
     expected = min(header, int(max_seconds * rate)) if max_seconds is not None else header
     if expected - wave.shape[0] > _allowance(expected, rate):
         raise AudioDecodeError(
@@ -322,7 +323,8 @@ def _allowance(frames: int, rate: float) -> float:
 
 
 def check_audio(row: dict[str, Any], field: str, where: str, max_seconds: float | None = None) -> float:
-    """Refuse a row whose audio is missing, empty, unreadable or does not decode; returns its duration.
+    """Refuse a row whose audio is missing, empty, unreadable, does not decode, or decodes to NaN /
+    Inf / out-of-range samples (``check_samples``); returns its duration.
 
     The duration is the *decoded* length: a truncated MP3's header still announces the whole clip,
     and the duration curriculum must not believe it. ``max_seconds``: the part ``load_audio`` will
@@ -364,7 +366,7 @@ def decoded_duration(path: str, where: str = "", max_seconds: float | None = Non
             allowance = _allowance(header, rate)
             limit = header + int(allowance) + 1  # a file that decodes this far is refused: stop there
             head = header if max_seconds is None else min(header, _kept_frames(max_seconds, rate))
-            end = _decode_until(handle, head if head < header else limit)
+            end = _decode_until(handle, head if head < header else limit, where=where, path=path)
             if end == head < header:  # the kept part is whole; now where the header says it ends
                 start = max(head, header - int(allowance))
                 try:
@@ -372,8 +374,10 @@ def decoded_duration(path: str, where: str = "", max_seconds: float | None = Non
                 except RuntimeError:  # libsndfile refuses a seek past what it can decode
                     end, at_most = start, True
                 else:
-                    end = _decode_until(handle, limit)
+                    end = _decode_until(handle, limit, where=where, path=path)
                     at_most = end == start
+    except AudioDecodeError:  # bad samples (check_samples)
+        raise
     except Exception as err:  # soundfile raises its own LibsndfileError and RuntimeError kinds
         raise ManifestError(f"{where}: audio file {path!r} is unreadable ({err})") from None
     if end == 0:
@@ -387,13 +391,35 @@ def decoded_duration(path: str, where: str = "", max_seconds: float | None = Non
     return end / rate
 
 
-def _decode_until(handle: Any, stop: int, block: int = 1 << 16) -> int:
+def _decode_until(handle: Any, stop: int, block: int = 1 << 16, where: str = "", path: str = "") -> int:
     """Decode from the handle's position to frame ``stop`` or the end, a block at a time (the
-    samples are dropped); returns the frame reached."""
+    samples are checked by ``check_samples``, then dropped); returns the frame reached."""
     position = handle.tell()
-    while position < stop and (got := len(handle.read(min(block, stop - position), dtype="float32"))):
-        position += got
+    while position < stop and len(samples := handle.read(min(block, stop - position), dtype="float32")):
+        check_samples(samples, position, handle.samplerate, where, path)
+        position += len(samples)
     return position
+
+
+#: The largest sample magnitude accepted after decoding (full scale is ±1: integer formats decode
+#: within it; a float file may run hot, but 12 dB past full scale is damage or a wrong scale).
+MAX_SAMPLE = 4.0
+
+
+def check_samples(samples: np.ndarray, first: int, rate: float, where: str, path: str) -> None:
+    """Refuse decoded samples that are NaN / Inf or beyond ±``MAX_SAMPLE`` (:class:`AudioDecodeError`
+    naming the file and the time of the first bad sample); ``first``: the frame of ``samples[0]``."""
+    finite = np.isfinite(samples)
+    if not finite.all():
+        frame = first + int(np.argmin(finite.all(axis=1) if samples.ndim == 2 else finite))
+        raise AudioDecodeError(f"{where}: audio file {path!r} has non-finite samples (NaN or Inf) from "
+                               f"{frame / rate:.3f} s: damaged; re-encode or drop it")
+    loud = np.abs(samples) > MAX_SAMPLE
+    if loud.any():
+        frame = first + int(np.argmax(loud.any(axis=1) if samples.ndim == 2 else loud))
+        raise AudioDecodeError(f"{where}: audio file {path!r} has samples of magnitude up to "
+                               f"{float(np.abs(samples).max()):.3g} from {frame / rate:.3f} s, beyond ±{MAX_SAMPLE:g} "
+                               f"(full scale is ±1): damaged or wrongly scaled; re-encode or drop it")
 
 
 def check_duration(row: dict[str, Any], where: str) -> None:
