@@ -107,3 +107,68 @@ def test_a_latin1_line_and_a_huge_cell_cost_only_their_rows(tmp_path):
     reasons = {r["where"]: r["reason"] for r in refused}
     assert reasons[f"{csv}:3"] == f"{csv}:3: not valid UTF-8 (byte 0xe9 at column 14)"
     assert reasons[f"{csv}:4"].startswith(f"{csv}:4: a line of 10000017 bytes, longer than the 131072")
+
+
+# --- the resume guard ------------------------------------------------------------------------------
+def test_the_resume_guard_names_only_the_changed_leaf_and_compares_precision(tmp_path):
+    import yaml
+
+    from agentcap.training.resume_guard import changed_keys
+
+    stages = [{"name": f"s{i}", "kind": "sft", "agent": "policy", "steps": 120, "lr": 3e-3,
+               "warmup_steps": 0, "max_duration": None} for i in range(6)]
+    saved = {"seed_everything": 0, "trainer": {"precision": None, "strategy": "auto", "devices": 1},
+             "model": {"group_size": 8, "stages": stages}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(saved))
+    now = yaml.safe_load(yaml.safe_dump(saved))
+    now["trainer"].update(precision="32-true", strategy="ddp", devices=2)  # the same numbers: no change
+    assert changed_keys(str(path), now) == []
+    now["model"]["stages"][3]["lr"] = 1e-3
+    now["trainer"]["precision"] = "bf16-mixed"
+    now["trainer"]["deterministic"] = True
+    changed = changed_keys(str(path), now)
+    assert changed == ["--model.stages[3].lr: 0.003 → 0.001", "--trainer.precision: '32-true' → 'bf16-mixed'",
+                       "--trainer.deterministic: None → True"]
+    now["model"]["stages"].append({**stages[0], "name": "extra " * 30})  # a stage added: one line, cut short
+    added = next(line for line in changed_keys(str(path), now) if "stages[6]" in line)
+    assert added.startswith("--model.stages[6]: None → {'name': ") and len(added) < 100
+    now["model"].update({f"k{i}": i for i in range(20)})
+    assert changed_keys(str(path), now)[-1] == "and 16 more"
+
+
+# --- two writers of one --out ------------------------------------------------------------------------
+def test_a_second_writer_of_one_out_is_refused_naming_the_holder(tmp_path):
+    import json
+
+    from agentcap.commands.outputs import JsonlOutput
+
+    out = tmp_path / "captions.jsonl"
+    with JsonlOutput(str(out), "agentcap caption") as first:
+        first.write({"id": "a"})
+        with pytest.raises(SystemExit) as refused:
+            JsonlOutput(str(out), "agentcap caption")
+        assert str(refused.value) == (f"agentcap caption: --out {out} is being written by pid {os.getpid()} "
+                                      f"({out}.partial is locked); wait for it to end, stop it, or choose another --out")
+        first.write({"id": "b"})
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["a", "b"]  # no NUL, none lost
+    with JsonlOutput(str(out)) as again:  # the lock went with the first writer
+        again.write({"id": "c"})
+    assert out.read_text().count("\n") == 1 and not (tmp_path / "captions.jsonl.partial").exists()
+
+
+def test_data_convert_refuses_a_second_writer_of_its_out(tmp_path, capsys):
+    from pathlib import Path
+
+    from agentcap.commands.data import data_command
+    from agentcap.commands.outputs import lock_output
+
+    public = Path(__file__).parent / "data" / "public" / "clotho"
+    out = tmp_path / "m.jsonl"
+    held = lock_output("test", "--out", str(out))
+    argv = ["convert", "--from", "clotho", "--input", str(public / "clotho_captions_development.csv"),
+            "--root", str(public / "audio"), "--out", str(out)]
+    assert data_command(argv) == 2 and not out.exists()
+    assert f"--out {out} is being written by pid {os.getpid()}" in capsys.readouterr().err
+    os.close(held)
+    assert data_command(argv) == 0 and out.exists() and not (tmp_path / "m.jsonl.partial").exists()

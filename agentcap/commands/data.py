@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 def convert_command(argv: list[str]) -> int:
     """Exit 0 when rows were kept, 1 when every row was refused, 2 on a usage error."""
     from agentcap.data.convert import Options, adapter
+    from agentcap.commands.outputs import lock_output
     from agentcap.data.convert.common import check_outputs, parse_map, refused_path, write_jsonl
 
     args = build_parser().parse_args(argv)
@@ -94,9 +95,19 @@ def convert_command(argv: list[str]) -> int:
     except ValueError as err:  # ManifestError is one: a header or a whole file that cannot be read
         print(f"{prog}: {err}", file=sys.stderr)
         return 2
-    write_jsonl(args.out, result.rows)
     refusals = refused_path(args.out)
-    write_jsonl(refusals, result.refused)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        held = lock_output(prog, "--out", args.out)  # a second converter writing the same --out is refused
+    except SystemExit as refused:
+        print(refused, file=sys.stderr)
+        return 2
+    try:
+        write_jsonl(args.out, result.rows)
+        write_jsonl(refusals, result.refused)
+    finally:
+        os.remove(args.out + ".partial")  # the empty lock file, removed while held
+        os.close(held)
     print(f"{prog} --from {args.fmt}: {len(result.rows)} rows kept → {args.out}; "
           f"{len(result.refused)} refused → {refusals}", file=sys.stderr)
     for entry in result.refused[:SHOWN_REASONS]:

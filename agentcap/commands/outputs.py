@@ -8,6 +8,8 @@ a run that stops early leaves the earlier ``<out>`` whole and its own rows in ``
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 from collections.abc import Iterable
@@ -46,21 +48,64 @@ def check_output(command: str, flag: str, path: str, inputs: dict[str, str | Ite
         raise SystemExit(f"{command}: {flag} {path!r}: its folder {parent!r} is not writable")
 
 
+def _lock_holder(fd: int) -> str:
+    """``pid 1234`` of the process holding an flock on ``fd``'s file (from /proc/locks), or ``another process``."""
+    inode = os.fstat(fd).st_ino
+    try:
+        with open("/proc/locks", encoding="ascii") as handle:
+            for line in handle:
+                parts = line.split()
+                if len(parts) > 5 and parts[1] == "FLOCK" and parts[5].rsplit(":", 1)[-1] == str(inode):
+                    return f"pid {parts[4]}"
+    except OSError:
+        pass
+    return "another process"
+
+
+def lock_output(command: str, flag: str, path: str) -> int:
+    """An open descriptor of ``<path>.partial``, emptied and held under an exclusive ``flock`` (dropped
+    when it is closed, or the process ends however it ends); ``SystemExit`` naming ``path`` and the
+    holder's pid when another process writes it (two writers left NUL bytes and lost the first one's
+    rows). The file is opened without truncating: a refused second writer changes nothing."""
+    partial = path + ".partial"
+    while True:
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            if err.errno not in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
+                raise SystemExit(f"{command}: cannot lock {partial} ({err.strerror})") from None
+            raise SystemExit(f"{command}: {flag} {path} is being written by {holder} ({partial} is locked); "
+                             f"wait for it to end, stop it, or choose another {flag}") from None
+        try:
+            same = os.stat(partial).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file the previous holder renamed onto ``path`` meanwhile
+            os.ftruncate(fd, 0)
+            return fd
+        os.close(fd)
+
+
 class JsonlOutput:
     """JSON lines written to ``<path>.partial`` and flushed one by one; ``commit`` renames the file onto
-    ``path``. Closed without ``commit`` (an exception in a ``with`` block), ``path`` is left as it was."""
+    ``path``. Closed without ``commit`` (an exception in a ``with`` block), ``path`` is left as it was.
+    The partial file is locked while it is written: a second process writing ``path`` is refused."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, command: str = "agentcap", flag: str = "--out"):
         self.path, self.partial = path, path + ".partial"
-        self.handle = open(self.partial, "w", encoding="utf-8")
+        self.handle = open(lock_output(command, flag, path), "w", encoding="utf-8")
 
     def write(self, row: dict[str, Any]) -> None:
         self.handle.write(json.dumps(row) + "\n")
         self.handle.flush()
 
     def commit(self) -> None:
+        self.handle.flush()
+        os.replace(self.partial, self.path)  # renamed while still locked: no second writer can take it over
         self.handle.close()
-        os.replace(self.partial, self.path)
 
     def __enter__(self) -> JsonlOutput:
         return self
