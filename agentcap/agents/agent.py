@@ -26,6 +26,7 @@ from agentcap.agents.checkpointing import enable_gradient_checkpointing
 from agentcap.agents.families import FAMILIES, Family, Observation
 from agentcap.agents.generation import Generation
 from agentcap.agents.hub import MissingWeightsError, resolve_model
+from agentcap.agents.literal import literal
 from agentcap.agents.logprobs import chosen_logprobs, head_removed, logits_logprobs, plain_head
 from agentcap.agents.tiny import build_tiny
 from agentcap.agents.tokenizer import build_word_tokenizer, saved_word_tokenizer
@@ -287,11 +288,12 @@ class Agent(nn.Module):
         return self.family.encode(list(observations))
 
     def encode_completions(self, texts: Sequence[str]) -> list[torch.Tensor]:
-        """Token ids of target completions (SFT), ending in EOS like a sampled action."""
+        """Token ids of target completions (SFT), ending in EOS like a sampled action; the text is data:
+        an ``</s>`` or ``<|im_end|>`` in it stays literal (``agentcap.agents.literal``), the EOS is ours."""
         eos = self.tokenizer.eos_token_id
         out = []
         for text in texts:
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = self.tokenizer(literal(text, self.tokenizer), add_special_tokens=False)["input_ids"]
             out.append(torch.tensor(list(ids) + [eos], dtype=torch.long))
         return out
 

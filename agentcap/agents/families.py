@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from agentcap.agents.checkpointing import is_checkpointed
+from agentcap.agents.literal import literal_messages
 from agentcap.agents.prefix import shared_prompt_cache
 from agentcap.parallel.sharding import is_sharded
 
@@ -65,6 +66,11 @@ class Family:
         return set(inspect.signature(self.model.forward).parameters)
 
     def prompt_text(self, messages: list[dict[str, str]]) -> str:
+        """The prompt; the messages' texts are data, their special-token strings kept literal
+        (``agentcap.agents.literal``)."""
+        return self._render(literal_messages(messages, self.tokenizer))
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
         template = getattr(self.tokenizer, "chat_template", None)
         if template:
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -213,7 +219,7 @@ class ProcessorFamily(Family):
         raise NotImplementedError
 
     def prompt_text(self, messages: list[dict[str, str]], placeholder: str = "") -> str:
-        messages = [dict(m) for m in messages]
+        messages = literal_messages(messages, self.tokenizer)  # data; the media placeholder stays special
         if placeholder:
             users = [m for m in messages if m["role"] == "user"]
             if not users:
@@ -224,7 +230,7 @@ class ProcessorFamily(Family):
             return self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True, chat_template=template
             )
-        return super().prompt_text(messages)
+        return self._render(messages)
 
     def encode(self, observations: list[Observation]) -> dict[str, Any]:
         if self.processor is None:

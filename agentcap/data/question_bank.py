@@ -33,6 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from agentcap.agents.literal import literal
 from agentcap.agents.pretrained import load_causal_lm
 from agentcap.core.manifests import resolve
 from agentcap.judges.causal_lm import CausalLMJudge
@@ -207,7 +208,7 @@ def served_writer(client: ServedClient, max_new_tokens: int, temperature: float 
     already answered are still yielded, then the error is raised, so a rerun asks only the rest."""
 
     def ask(caption: str) -> str:
-        payload = {"model": client.model, "messages": [{"role": "user", "content": writer_prompt(caption)}],
+        payload = {"model": client.model, "messages": [{"role": "user", "content": literal(writer_prompt(caption))}],
                    "max_tokens": max_new_tokens, "temperature": temperature}
         reply = client.post("/chat/completions", payload)
         try:

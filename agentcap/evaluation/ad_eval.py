@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from agentcap.agents.literal import literal
 from agentcap.judges.served import ServedClient
 
 PROMPT_VERSION = "llm-ad-eval-v1"
@@ -52,7 +53,7 @@ def parse_score(reply: str) -> int | None:
 
 def messages(prediction: str, reference: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM},
-            {"role": "user", "content": USER.format(reference=reference, prediction=prediction)}]
+            {"role": "user", "content": literal(USER.format(reference=reference, prediction=prediction))}]
 
 
 def llm_ad_eval(

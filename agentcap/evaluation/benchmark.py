@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import torch
 
+from agentcap.agents.literal import literal
 from agentcap.core.manifests import read_manifest, resolve
 from agentcap.core.settings import ConfigError, check
 from agentcap.data.benchmark_rows import LETTERS, check_benchmark_row, check_unique_ids
@@ -208,7 +209,7 @@ class ServedJudge:
         for ask in asks:
             ids = self.letter_ids[: len(ask.choices)]
             payloads.append({
-                "model": self.client.model, "messages": [{"role": "user", "content": judge_prompt(ask)}],
+                "model": self.client.model, "messages": [{"role": "user", "content": literal(judge_prompt(ask))}],
                 "max_tokens": 1, "temperature": 0.0, "logprobs": True, "top_logprobs": len(ids),
                 "allowed_token_ids": ids, "logit_bias": {str(i): 100 for i in ids},
             })

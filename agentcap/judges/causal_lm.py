@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from agentcap.agents.literal import literal
 from agentcap.parallel.distributed import world
 from agentcap.parallel.lockstep import FORWARD, GENERATE, announce_pass, stand_in_passes
 from agentcap.parallel.sharding import is_sharded
@@ -76,7 +77,9 @@ class CausalLMJudge:
                             pad_token_id=self.pad_id, synced_gpus=True)
 
     def render(self, user_text: str, answer_cue: str = "Answer:") -> str:
-        """The full prompt; the model's next token starts the answer."""
+        """The full prompt; the model's next token starts the answer. ``user_text`` is data: its
+        special-token strings stay literal (``agentcap.agents.literal``)."""
+        user_text = literal(user_text, self.tokenizer)
         if self.chat:
             messages = [{"role": "user", "content": user_text}]
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from agentcap.agents.literal import literal
 from agentcap.judges.anti_copy import anti_copy_mask
 
 #: Separator after each context AD; the response follows the last one.
@@ -55,8 +56,9 @@ def encode_context_response(
     ``prefix`` is BOS plus the serialized context (left-truncated so ``prefix + response`` fits in
     ``max_length``); ``full_context`` is the untruncated context ids, which the anti-copy mask uses.
     """
-    context_ids = tokenizer(serialize_context(contexts), add_special_tokens=False)["input_ids"]
-    response_ids = tokenizer(response.strip(), add_special_tokens=False)["input_ids"]
+    # data: special-token strings in an AD stay literal (agentcap.agents.literal)
+    context_ids = tokenizer(literal(serialize_context(contexts), tokenizer), add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer(literal(response.strip(), tokenizer), add_special_tokens=False)["input_ids"]
     bos = _prefix_ids(tokenizer)
     if max_length is not None:
         if max_length < len(bos) + 2:

@@ -22,6 +22,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from agentcap.agents.literal import literal
 from agentcap.agents.pretrained import load_causal_lm
 from agentcap.judges.causal_lm import CausalLMJudge, collective_call
 from agentcap.judges.prefix import PrefixReader
@@ -207,8 +208,8 @@ class LLMExaminer(CausalLMJudge):
         """Summed log-probability of each continuation after its context; one pass per batch."""
         ids, lengths = [], []
         for context, continuation in texts:
-            head = self.tokenizer(context, add_special_tokens=True).input_ids
-            tail = self.tokenizer(continuation, add_special_tokens=False).input_ids
+            head = self.tokenizer(literal(context, self.tokenizer), add_special_tokens=True).input_ids
+            tail = self.tokenizer(literal(continuation, self.tokenizer), add_special_tokens=False).input_ids
             if not head or not tail:
                 raise ValueError(f"empty context or continuation to score: {context!r} / {continuation!r}")
             ids.append(head + tail)

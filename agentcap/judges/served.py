@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import torch
 
+from agentcap.agents.literal import literal
 from agentcap.judges.coherence import CoherenceScorer
 from agentcap.judges.examiner import letters_question
 from agentcap.judges.questions import LETTERS, Question, check_pairs, distinct_pairs
@@ -210,7 +211,7 @@ def letter_token_ids(tokenize, letters: Sequence[str] = LETTERS) -> list[int]:
 
 
 def _examiner_messages(caption: str, question: Question) -> list[dict[str, str]]:
-    return [{"role": "user", "content": letters_question(caption, question)}]
+    return [{"role": "user", "content": literal(letters_question(caption, question))}]  # data: no forged turns
 
 
 def _invalid_row(row: Sequence[float]) -> bool:
@@ -278,7 +279,7 @@ class ServedTemporalExaminer(AnswerTemporalExaminer):
 
     def _answers(self, pairs: list[tuple[str, str]]) -> list[str | None]:
         payloads = [
-            {"model": self.client.model, "messages": [{"role": "user", "content": temporal_question(c, e)}],
+            {"model": self.client.model, "messages": [{"role": "user", "content": literal(temporal_question(c, e))}],
              "max_tokens": self.max_new_tokens, "temperature": 0.0}
             for c, e in pairs
         ]
