@@ -63,6 +63,10 @@ def refuse_unknown_keys(argv: list[str]) -> None:
         path = arg.split("=", 1)[1] if arg.startswith("--config=") else (
             argv[i + 1] if arg in ("-c", "--config") and i + 1 < len(argv) else None)
         if path and os.path.isfile(path):
+            from agentcap.resume.configs import MAX_CONFIG_BYTES
+
+            if os.path.getsize(path) > MAX_CONFIG_BYTES:
+                continue  # agentcap.cli refuses it by size, before any YAML reader sees it
             try:
                 import yaml
 

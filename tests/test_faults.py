@@ -172,3 +172,22 @@ def test_data_convert_refuses_a_second_writer_of_its_out(tmp_path, capsys):
     assert f"--out {out} is being written by pid {os.getpid()}" in capsys.readouterr().err
     os.close(held)
     assert data_command(argv) == 0 and out.exists() and not (tmp_path / "m.jsonl.partial").exists()
+
+
+# --- configs: a size limit, an alias budget ------------------------------------------------------------
+def test_a_huge_config_and_an_anchor_bomb_are_refused_before_they_are_expanded(tmp_path):
+    from agentcap.resume.configs import MAX_CONFIG_BYTES, read_config
+
+    big = tmp_path / "big.yaml"
+    big.write_text("model: {x: '" + "x" * (MAX_CONFIG_BYTES + 10) + "'}\n")
+    with pytest.raises(SystemExit, match=r"^agentcap fit: config .*big\.yaml is 1\.0 MB; a config is at most 1 MB"):
+        read_config(str(big), "agentcap fit")
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\nmodel: *a9\n")
+    with pytest.raises(SystemExit, match=r"anchors and aliases expand to more than 100000 values; refused"):
+        read_config(str(bomb), "agentcap fit")
+    fine = tmp_path / "fine.yaml"  # a few anchors, as recipes use them: read as before
+    fine.write_text("defaults: &agent {lr: 0.001}\nmodel: {agents: {a: *agent, b: *agent}}\n")
+    assert read_config(str(fine), "agentcap fit")["model"]["agents"]["b"] == {"lr": 0.001}
