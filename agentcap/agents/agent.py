@@ -157,9 +157,11 @@ class Agent(nn.Module):
         self.set_trainable(False)
         self.backend = build_backend(self)
 
-    def use_backend(self, backend: str, options: VLLMOptions | None = None, model_path: str | None = None) -> None:
-        """Sample with ``backend`` from now on (``build_agent`` calls it from the config)."""
-        self.backend = build_backend(self, backend, options, model_path, where=f"agents.{self.name}")
+    def use_backend(self, backend: str, options: VLLMOptions | None = None, model_path: str | None = None,
+                    share=None) -> None:
+        """Sample with ``backend`` from now on (``build_agent`` calls it from the config); ``share``: the
+        vLLM backend of the role whose base this one shares."""
+        self.backend = build_backend(self, backend, options, model_path, where=f"agents.{self.name}", share=share)
 
     def sync_weights(self) -> None:
         """After an optimiser step of this (trainable) agent: its sampler takes the new weights
@@ -220,7 +222,10 @@ class Agent(nn.Module):
         (:class:`~agentcap.agents.sampling.RowSampler`), so a row's tokens do not depend on the
         batch it shares or on the process that runs it; without, from the global RNG.
         """
-        with self.active():
+        # an engine holds its own weights and adapters: the shared model's active adapter is left alone
+        # (another thread may be running it), and the learner's log-probs enter it themselves
+        holds = getattr(self.backend, "holds_weights", False)
+        with contextlib.nullcontext() if holds else self.active():
             return self._generate(observations, greedy, batch_size, seeds, old_logprobs)
 
     def _generate(
@@ -458,6 +463,11 @@ def _share_base(name: str, config: AgentConfig, configs: dict[str, AgentConfig],
     _fingerprint_once_loaded(base.model, adapters)
     agent = _agent(name, config, base.model, base.tokenizer, base.family.name, base.processor, adapters)
     agent.family = copy.copy(base.family)  # keeps family settings (frames_as…) of the same model
+    if config.backend == "vllm":  # one engine: the base once, an adapter per role
+        if getattr(base.backend, "shared", None) is None:
+            raise ValueError(f"agents.{name}.backend: vllm with share_base_with needs agents.{owner}.backend: vllm "
+                             "too (one engine holds the base and an adapter per role)")
+        agent.use_backend("vllm", config.vllm, base.backend.model_path, share=base.backend)
     return agent
 
 

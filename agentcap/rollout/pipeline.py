@@ -50,11 +50,18 @@ class RolloutPipeline:
         if not max_staleness:
             return
         for role, config in agents.items():
-            if config.share_base_with is not None:
+            owner = config.share_base_with
+            if owner is None:
+                continue
+            # roles on one base sample through one vLLM engine (an adapter per role), which never switches
+            # the shared model's adapter; HF generate would, in the rollout thread, while the update runs it
+            hf = [r for r in (owner, role) if r in agents and agents[r].backend != "vllm"]
+            if hf:
                 raise ConfigError(
-                    f"--model.max_staleness {max_staleness} needs every agent to own its model, but "
-                    f"agents.{role}.share_base_with is {config.share_base_with!r}: the roles switch adapters "
-                    "on one model, which the update and the rollout thread would do at once; use max_staleness 0"
+                    f"--model.max_staleness {max_staleness}: agents.{role}.share_base_with is {owner!r}, and "
+                    f"agents.{hf[0]}.backend is {agents[hf[0]].backend!r}: HF generate switches adapters on the "
+                    "shared model, which the update and the rollout thread would do at once; set backend: vllm "
+                    "on every role of the base (one engine holds it, with an adapter per role), or use max_staleness 0"
                 )
             if config.backend not in ("hf", "vllm"):
                 raise ConfigError(

@@ -15,7 +15,8 @@ The engines of the roles that act stay awake for the whole stage, rollouts and u
 ``agentcap plan`` counts). A sleeping engine wakes before its first generate, and after level 2 it
 re-syncs first (``backends.vllm``), so nothing is ever synced into a sleeping engine. An adapter
 engine sleeps at level 1 at most (its base never changes). Engines not built yet, HF backends and
-engines without ``enable_sleep_mode`` are left as they are.
+engines without ``enable_sleep_mode`` are left as they are. Roles that share a base share one
+engine (an adapter each): it sleeps only when none of them acts.
 
 The roles that act in a stage: none in an SFT stage (it never generates); in a GRPO or evaluate
 stage, those the environment names for its settings (``acting_roles(**kwargs)`` on the environment
@@ -81,8 +82,14 @@ def begin_stage(agents: Mapping[str, object], stages: Sequence[Stage], index: in
     """Put every engine stage ``index`` does not use to sleep; returns the levels asked for."""
     uses = [acting_roles(stage, env, agents) for stage in stages]
     levels = sleep_levels(stages, index, uses, list(agents))
+    # roles on a shared base share one engine: it sleeps only when none of them acts, at the lightest level
+    engines: dict[int, tuple[object, int]] = {}
     for name, level in levels.items():
-        sleep = getattr(agents[name].backend, "sleep", None)
+        backend = agents[name].backend
+        key = id(getattr(backend, "shared", backend))
+        engines[key] = (engines[key][0], min(engines[key][1], level)) if key in engines else (backend, level)
+    for backend, level in engines.values():
+        sleep = getattr(backend, "sleep", None)
         if level and sleep is not None:
             sleep(level)
     return levels

@@ -7,15 +7,20 @@ process. The engine generates with ``LoRARequest(name, version, folder)``: a new
 vLLM loads the new tensors instead of its cached ones. The folder and the engine's copy of the
 previous version are dropped once the new one is in, so disk and engine memory hold one version.
 An adapter of rank r is a few MB where the merged model is GBs.
+
+Roles that share a base (``share_base_with``) share one engine: each role keeps its own versions
+and folders, and the engine's LoRA ids come from one counter (``lora_ids``), so every role and
+version has its own ``LoRARequest(f"{role}-vN", id, folder)``.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import torch
 
@@ -35,11 +40,13 @@ def max_lora_rank(r: int, where: str) -> int:
 class AdapterVersions:
     """The versions of one agent's adapter on disk, and the LoRA request of the newest."""
 
-    def __init__(self, agent):
+    def __init__(self, agent, lora_ids: Iterator[int] | None = None):
         self.agent = agent
         self.root = tempfile.mkdtemp(prefix=f"agentcap-lora-{agent.name}-")
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
         self.version = 0
+        self.lora_ids = lora_ids if lora_ids is not None else itertools.count(1)  # the engine's, when shared
+        self.ids: dict[int, int] = {}  # version → the engine's LoRA id
 
     @property
     def rank(self) -> int:
@@ -67,6 +74,7 @@ class AdapterVersions:
         adapters = self.agent.adapters
         tensors = self.tensors() if tensors is None else dict(tensors)
         self.version += 1
+        self.ids[self.version] = next(self.lora_ids)
         folder = self.folder(self.version)
         os.makedirs(folder)
         save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
@@ -79,11 +87,11 @@ class AdapterVersions:
             return None
         from vllm.lora.request import LoRARequest
 
-        return LoRARequest(f"{self.agent.name}-v{self.version}", self.version, self.folder(self.version))
+        return LoRARequest(f"{self.agent.name}-v{self.version}", self.ids[self.version], self.folder(self.version))
 
     def drop_older(self) -> list[int]:
-        """Remove every folder but the newest; returns the versions removed."""
+        """Remove every folder but the newest; returns the engine's LoRA ids of the versions removed."""
         old = [v for v in range(1, self.version) if os.path.isdir(self.folder(v))]
         for version in old:
             shutil.rmtree(self.folder(version), ignore_errors=True)
-        return old
+        return [self.ids.pop(version) for version in old]

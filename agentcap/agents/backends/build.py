@@ -8,11 +8,13 @@ from agentcap.agents.backends.vllm import VLLMBackend  # vllm itself loads when 
 
 
 def build_backend(
-    agent, backend: str = "hf", options: VLLMOptions | None = None, model_path: str | None = None, where: str = "agent"
+    agent, backend: str = "hf", options: VLLMOptions | None = None, model_path: str | None = None, where: str = "agent",
+    share: Backend | None = None,
 ) -> Backend:
-    """``where`` names the config entry in errors (``agents.policy``)."""
+    """``where`` names the config entry in errors (``agents.policy``); ``share``: the vLLM backend of
+    the role whose base this one shares (one engine for both)."""
     if backend == "hf":
         return HFBackend(agent)
     if backend == "vllm":
-        return VLLMBackend(agent, options or VLLMOptions(), model_path, where)
+        return VLLMBackend(agent, options or VLLMOptions(), model_path, where, share=share)
     raise ValueError(f"{where}.backend: {backend!r} is not one of hf, vllm")

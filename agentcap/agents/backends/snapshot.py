@@ -106,6 +106,8 @@ class EngineSnapshot:
     """The learner's vLLM engine as the rollout thread drives it: each batch's snapshot goes in
     first; the engine's own log-probs of each sample are the sampler's log-probs."""
 
+    holds_weights = True  # generation never runs the learner's model (``Agent.generate``)
+
     def __init__(self, agent, engine: VLLMBackend):
         self.agent = agent  # the stand-in: its own tokenizer
         self.engine = engine

@@ -29,6 +29,7 @@ build the tests run): both take a callable in ``collective_rpc``, ``prompt_token
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -87,11 +88,28 @@ def _end_reload(worker) -> None:
             method.process_weights_after_loading(head)
 
 
+class SharedEngine:
+    """What the roles on one engine share: the ``LLM``, its sleep state and its LoRA ids. One role
+    per engine, or every role on a shared base (``share_base_with``): the engine then holds the base
+    once and an adapter per role, each role's versions under LoRA ids of their own."""
+
+    def __init__(self):
+        self.llm = None
+        self.level = 0  # 0 awake; 1 asleep, weights in host memory; 2 asleep, weights discarded
+        self.asleep: set[str] = set()  # what still sleeps: "weights", "kv_cache"
+        self.lora_ids = itertools.count(1)
+        self.backends: list[VLLMBackend] = []  # the roles it serves, the one that built it first
+
+
 class VLLMBackend:
     """Samples with a vLLM ``LLM``; :meth:`sync` brings the learner's current weights (or adapter)
-    into it and checks that they arrived."""
+    into it and checks that they arrived. ``share``: the backend of the role whose base this role
+    shares; both then sample through that role's engine, each with its own adapter."""
 
-    def __init__(self, agent, options: VLLMOptions, model_path: str | None, where: str):
+    holds_weights = True  # generation never runs the learner's model (``Agent.generate``)
+
+    def __init__(self, agent, options: VLLMOptions, model_path: str | None, where: str,
+                 share: VLLMBackend | None = None):
         if agent.family.name == "toy":
             raise ValueError(
                 f"{where}.backend: vllm cannot serve agentcap's toy media LM (not a vLLM architecture); "
@@ -111,11 +129,13 @@ class VLLMBackend:
         self.dtype = self.agent_dtype if options.dtype == "auto" else options.dtype
         tolerance = options.sync_tolerance
         self.tolerance = DEFAULT_TOLERANCE.get(self.dtype, 0.5) if tolerance is None else tolerance
+        self.shared = share.shared if share is not None else SharedEngine()
+        if share is not None and (agent.adapters is None or share.adapter is None):
+            raise ValueError(f"{where}.backend: one vLLM engine serves roles that share a base through their "
+                             "adapters; both roles need `peft`")
+        self.shared.backends.append(self)
         # a LoRA agent's engine holds the base and takes each version of the adapter
-        self.adapter = AdapterVersions(agent) if agent.adapters is not None else None
-        self._llm = None
-        self.level = 0  # 0 awake; 1 asleep, weights in host memory; 2 asleep, weights discarded
-        self._asleep: set[str] = set()  # what still sleeps: "weights", "kv_cache"
+        self.adapter = AdapterVersions(agent, self.shared.lora_ids) if agent.adapters is not None else None
         # the learner's weights changed since the last sync (a step, a checkpoint); an adapter
         # engine starts without its adapter
         self.stale = self.adapter is not None
@@ -124,6 +144,10 @@ class VLLMBackend:
         self._probe = None
 
     # --- the engine ---------------------------------------------------------------------------
+    _llm = property(lambda self: self.shared.llm, lambda self, llm: setattr(self.shared, "llm", llm))
+    level = property(lambda self: self.shared.level, lambda self, level: setattr(self.shared, "level", level))
+    _asleep = property(lambda self: self.shared.asleep, lambda self, tags: setattr(self.shared, "asleep", tags))
+
     @property
     def llm(self):
         if self._llm is None:
@@ -151,9 +175,10 @@ class VLLMBackend:
             )
             if o.max_model_len is not None:
                 kwargs["max_model_len"] = o.max_model_len
-            if self.adapter is not None:
-                rank = max_lora_rank(self.adapter.rank, self.where)
-                kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=rank)
+            if self.adapter is not None:  # an adapter per role on the engine, every role's rank served
+                roles = [b for b in self.shared.backends if b.adapter is not None]
+                rank = max(max_lora_rank(b.adapter.rank, b.where) for b in roles)
+                kwargs.update(enable_lora=True, max_loras=len(roles), max_lora_rank=rank)
             if self.agent.family.name in ("vision", "audio"):
                 kwargs["limit_mm_per_prompt"] = {"image": 0, "video": 1} if self.agent.family.name == "vision" else {"audio": 1}
             try:
@@ -182,7 +207,8 @@ class VLLMBackend:
         self.llm.sleep(level=level)
         self.level, self._asleep = level, {"weights", "kv_cache"}
         if level == 2:
-            self.stale = True  # its weights are gone: the next use syncs them in again
+            for backend in self.shared.backends:
+                backend.stale = True  # its weights are gone: the next use syncs them in again
         return level
 
     def wake(self, tags: list[str] | None = None) -> None:
@@ -374,9 +400,9 @@ class VLLMBackend:
         sent = self.adapter.save(weights)
         engine = self.llm.llm_engine
         engine.add_lora(self.adapter.request())
-        for version in self.adapter.drop_older():
-            if version in engine.list_loras():
-                engine.remove_lora(version)
+        for lora_id in self.adapter.drop_older():
+            if lora_id in engine.list_loras():
+                engine.remove_lora(lora_id)
         return sent
 
     def verify(self) -> float:

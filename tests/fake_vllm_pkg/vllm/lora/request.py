@@ -1,0 +1,1 @@
+from fake_vllm import LoRARequest  # noqa: F401
