@@ -245,6 +245,24 @@ def test_an_engine_without_sleep_mode_stays_awake_and_an_adapter_engine_keeps_it
     assert rows[4]["states"] == {"policy": 1, "other": "awake"}  # an adapter engine sleeps at level 1 at most
 
 
+def test_roles_on_a_shared_base_count_one_engine(tmp_path):
+    """share_base_with a vLLM role, through vLLM: one engine holds the base once (an adapter per role),
+    awake while either role acts; the shared role's rollouts ahead are its adapter's, on the host."""
+    config = two_engines(tmp_path)
+    agents = config["model"]["agents"]
+    agents["policy"]["peft"] = {"r": 4}
+    agents["other"] = {"model": agents["policy"]["model"], "share_base_with": "policy", "peft": {"r": 4}, "backend": "vllm"}
+    config["model"]["max_staleness"] = 1
+    rows = plan(config, str(tmp_path), device_gib=DEVICE_GIB)
+    specs = rows[0]["specs"]
+    assert list(specs) == ["policy"] and specs["policy"].roles == ("policy", "other")
+    assert specs["policy"].weights == 2 * 239_424  # the bf16 base, once
+    # the replay stage trains `other` alone (mode other) through the shared engine: awake, no KV cache of HF
+    replay = rows[5]
+    assert replay["states"] == {"policy": "awake"} and replay["kv cache"] == 0 and replay["rollouts ahead"] == 0
+    assert rows[2]["states"] == {"policy": "awake"}  # grpo of policy in mode policy
+
+
 def test_the_plan_follows_the_modules_engine_policy_on_the_recipe(tmp_path):
     """plan_engines mirrors agentcap.training.engines without importing it: the same acting roles and
     the same sleep level for every engine that goes to sleep, stage by stage, on ACE-Cap."""

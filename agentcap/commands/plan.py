@@ -43,7 +43,7 @@ from typing import Any
 
 from agentcap.agents.hub import MissingWeightsError, is_hub_id, resolve_model
 from agentcap.commands.plan_engines import (
-    SLEEPING_GIB, Engine, acting_roles, describe, device_bytes, engine_specs, engine_states, host_copies,
+    SLEEPING_GIB, Engine, acting_roles, describe, device_bytes, engine_of, engine_specs, engine_states, host_copies,
 )
 from agentcap.resume.configs import read_config
 
@@ -251,13 +251,13 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
             peft = agents[role].get("peft")
             adapter = 4 * lora_params(sizes[role], peft) if peft else 0
             snapshot = adapter if peft else sizes[role].params * dtype(role)
-            if role in engines:  # the engine is the sampler; an adapter's snapshots wait in host memory
+            if engine_of(role, engines) is not None:  # the engine is the sampler; an adapter's snapshots wait in host memory
                 ahead = staleness * (0 if peft else snapshot)
             else:  # a deep copy of the agent (base and adapter) samples beside the update
                 ahead, overlap = sizes[role].params * dtype(role) + adapter + staleness * snapshot, True
         kv = 0.0  # the rollout: the KV cache of one generate call of each acting HF agent (engines hold their own)
         batch = model.get("generation_batch_size", 64)
-        for r in acting_roles(stage, list(agents), env_kwargs) - set(engines):
+        for r in {r for r in acting_roles(stage, list(agents), env_kwargs) if engine_of(r, engines) is None}:
             length = prompt_tokens + agents[r].get("max_new_tokens", 64)
             kv = max(kv, 2 * sizes[r].layers * sizes[r].kv_width * batch * length * act_bytes)
         on_device = device_bytes(engines, state, harvest_awake, sleeping_gib)
@@ -302,7 +302,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def engine_table(engines: dict[str, Engine], sleeping_gib: float) -> str:
     """Each vLLM engine per rank (GiB): awake, and what a sleep level frees on the device and costs on the host."""
-    body = [[e.role, e.dtype, gib(e.weights), gib(e.kv_cache), gib(e.reserve), gib(e.reserve - sleeping_gib * GIB),
+    body = [[" + ".join(e.roles) if len(e.roles) > 1 else e.role, e.dtype, gib(e.weights), gib(e.kv_cache), gib(e.reserve), gib(e.reserve - sleeping_gib * GIB),
              gib(e.weights), "0.0" if e.sleeps else "no sleep mode"] for e in engines.values()]
     return markdown(["engine", "dtype", "weights", "kv cache ≤", "awake", "sleep frees", "host at level 1",
                      "host at level 2"], body)

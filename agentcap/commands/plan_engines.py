@@ -23,6 +23,8 @@ begins, every other awake engine goes to sleep: level 1 when a later stage uses 
 trains again (an adapter engine: always level 1, its base never changes), else level 2 (the agent
 trains now or before its next use, so its weights are re-synced anyway, or it is never used
 again). An engine already asleep keeps its level; one without ``enable_sleep_mode`` never sleeps.
+Roles that share a base and sample through vLLM (``share_base_with`` a ``backend: vllm`` role) count
+one engine, the owner's: the base once, an adapter per role; it is awake while any of its roles acts.
 A stage's ``harvest`` runs first, with the roles it plays awake: the device counts the larger of
 that phase and the stage's own. Which roles act is read from the config alone: none in an ``sft``
 stage; in a rollout stage every agent, unless the environment ``mode`` (stage override, else
@@ -56,6 +58,11 @@ class Engine:
     reserve: float  # gpu_memory_utilization × device memory: everything the engine takes awake
     sleeps: bool  # enable_sleep_mode
     adapter: bool  # a LoRA agent's engine: its base never changes, it sleeps at level 1 at most
+    roles: tuple[str, ...] = ()  # every role sampling through it: a shared base's owner and the roles sharing it
+
+    @property
+    def serves(self) -> set[str]:
+        return set(self.roles or (self.role,))
 
     @property
     def kv_cache(self) -> float:
@@ -63,11 +70,26 @@ class Engine:
         return self.reserve - self.weights
 
 
+def riders(agents: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Roles that sample through another role's engine: ``share_base_with`` a ``backend: vllm`` role,
+    with ``backend: vllm`` themselves (one engine holds the base once, an adapter per role)."""
+    vllm = {role for role, cfg in agents.items() if cfg.get("backend", "hf") == "vllm"}
+    return {role: cfg["share_base_with"] for role, cfg in agents.items()
+            if role in vllm and cfg.get("share_base_with") in vllm}
+
+
+def engine_of(role: str | None, engines: dict[str, Engine]) -> str | None:
+    """The engine ``role`` samples through (its own, or its shared base's), None for an HF agent."""
+    return next((name for name, engine in engines.items() if role in engine.serves), None)
+
+
 def engine_specs(agents: dict[str, dict[str, Any]], params: dict[str, int], device: float) -> dict[str, Engine]:
-    """The engine of every ``backend: vllm`` agent; refuses one whose weights leave no KV cache."""
+    """The engine of every ``backend: vllm`` agent, one for a shared base and the roles on it; refuses
+    one whose weights leave no KV cache."""
     engines = {}
+    shared = riders(agents)
     for role, cfg in agents.items():
-        if cfg.get("backend", "hf") != "vllm":
+        if cfg.get("backend", "hf") != "vllm" or role in shared:
             continue
         options = {**ENGINE_DEFAULTS, **(cfg.get("vllm") or {})}
         dtype = cfg.get("dtype", "float32") if options["dtype"] == "auto" else options["dtype"]
@@ -82,7 +104,8 @@ def engine_specs(agents: dict[str, dict[str, Any]], params: dict[str, int], devi
                 f"{device / GIB:g} GiB, not more than the engine's {dtype} weights ({weights / GIB:.1f} GiB): "
                 "no room for a KV cache; raise it or set vllm.dtype: bfloat16"
             )
-        engines[role] = Engine(role, dtype, weights, reserve, bool(options["enable_sleep_mode"]), bool(cfg.get("peft")))
+        engines[role] = Engine(role, dtype, weights, reserve, bool(options["enable_sleep_mode"]), bool(cfg.get("peft")),
+                               (role, *[r for r, owner in shared.items() if owner == role]))
     return engines
 
 
@@ -125,11 +148,14 @@ def engine_states(stages: list[dict[str, Any]], engines: dict[str, Engine], role
                   env_kwargs: dict[str, Any]) -> list[tuple[dict[str, str | int], set[str]]]:
     """Per stage: each engine built so far, ``awake`` or its sleep level (1 or 2), and the engines
     awake during the stage's harvest (empty without one)."""
-    uses = [acting_roles(stage, roles, env_kwargs) for stage in stages]
+    acting = [acting_roles(stage, roles, env_kwargs) for stage in stages]
+    # by engine: one on a shared base acts when any of its roles does
+    uses = [{name for name, engine in engines.items() if engine.serves & used} | used for used in acting]
     state: dict[str, str | int] = {}
     out = []
     for index, stage in enumerate(stages):
-        harvest = harvest_roles(stage, roles, env_kwargs) & set(engines)
+        played = harvest_roles(stage, roles, env_kwargs)
+        harvest = {name for name, engine in engines.items() if engine.serves & played}
         for role in harvest | (uses[index] & set(engines)):
             state[role] = AWAKE  # built at its first generate, woken before one
         harvest_awake = {r for r, s in state.items() if s == AWAKE} if harvest else set()
