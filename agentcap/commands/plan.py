@@ -251,8 +251,8 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
             peft = agents[role].get("peft")
             adapter = 4 * lora_params(sizes[role], peft) if peft else 0
             snapshot = adapter if peft else sizes[role].params * dtype(role)
-            if engine_of(role, engines) is not None:  # the engine is the sampler; an adapter's snapshots wait in host memory
-                ahead = staleness * (0 if peft else snapshot)
+            if engine_of(role, engines) is not None:  # the engine is the sampler; an adapter's snapshots, and
+                ahead = staleness * (0 if peft or shard > 1 else snapshot)  # sharded weights gathered whole, wait on the host
             else:  # a deep copy of the agent (base and adapter) samples beside the update
                 ahead, overlap = sizes[role].params * dtype(role) + adapter + staleness * snapshot, True
         kv = 0.0  # the rollout: the KV cache of one generate call of each acting HF agent (engines hold their own)
