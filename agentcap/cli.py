@@ -24,6 +24,7 @@ from agentcap.agents.agent import MissingWeightsError
 from agentcap.commands.menu import COMMANDS, did_you_mean, refuse_unknown
 from agentcap.core.manifests import ManifestError
 from agentcap.core.settings import ConfigError
+from agentcap.parallel import watchdog
 from agentcap.parallel.loading import load_by_shard
 from agentcap.parallel.signals import StopOnSignal, stop_on_signals
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint, usable_checkpoint
@@ -64,6 +65,12 @@ class AgentcapCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--checkpoint_every", type=int, default=10, help="Ticks between checkpoints.")
         parser.add_argument("--checkpoint_keep", type=int, default=3, help="How many newest checkpoints to keep.")
+        parser.add_argument(
+            "--collective_timeout", type=float, default=None,
+            help="Seconds a collective of grpo_ddp / grpo_fsdp waits for a silent rank before the run stops "
+                 "(default 600, or $AGENTCAP_COLLECTIVE_TIMEOUT); a rank that waits 60 s "
+                 "($AGENTCAP_WATCHDOG_AFTER) names the ranks that have not arrived.",
+        )
         parser.add_argument(
             "--resume", type=Literal["auto", "anyway", "fresh"], default="auto",
             help="fit on a run_dir with checkpoints: auto resumes only when the saved config.yaml has the same "
@@ -106,6 +113,11 @@ class AgentcapCLI(LightningCLI):
         # before the module writes its vocabulary, or validate evaluates and then cannot save
         check_writable(self.run_config["model"]["run_dir"], f"agentcap {self.subcommand}")
         TickCheckpoint.check(self.run_config.get("checkpoint_every", 10), self.run_config.get("checkpoint_keep", 3))
+        timeout = self.run_config.get("collective_timeout")
+        if timeout is not None:  # read by the strategies, here and on the ranks Lightning's launcher starts
+            if not timeout > 0 or timeout == float("inf"):
+                raise ConfigError(f"--collective_timeout must be > 0 seconds, got {timeout}")
+            os.environ[watchdog.TIMEOUT_ENV] = repr(float(timeout))
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
@@ -367,7 +379,8 @@ def main(argv: list[str] | None = None) -> None:
         with stop_on_signals():  # SIGTERM / SIGUSR1: save between ticks, exit 128 + signal (never 0)
             AgentcapCLI(GRPOModule, datamodule_class=None, args=None, save_config_callback=RunConfig,
                         parser_class=SuggestingParser,
-                        save_config_kwargs={"overwrite": True}, trainer_defaults={"callbacks": [StopOnSignal()]})
+                        save_config_kwargs={"overwrite": True},
+                        trainer_defaults={"callbacks": [StopOnSignal(), watchdog.RankWatchdog()]})
     except (MissingWeightsError, ConfigError, ManifestError, NonFiniteError) as err:
         # weights not on disk; a setting out of range; a refused manifest row; a NaN / Inf that stopped
         # the run: the message says what to fix, a traceback would bury it (kept under --debug)
@@ -377,6 +390,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"agentcap: {err}{hint}", file=sys.stderr)
         raise SystemExit(1 if isinstance(err, NonFiniteError) else 2) from None
     except (OSError, RuntimeError) as err:
+        # a dead or silent rank broke a collective: RankWatchdog named it in one line, not gloo's traceback
+        if watchdog.failure()[0] and not os.environ.get(DEBUG):
+            raise SystemExit(1) from None
         if not is_full(err) or os.environ.get(DEBUG):
             raise
         # a full disk (or TMPDIR): the file and the room its folder has, not torch's "file write failed"

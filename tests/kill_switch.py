@@ -10,11 +10,13 @@ import lightning as L
 
 
 class KillAtTick(L.Callback):
-    def __init__(self, tick: int):
-        self.tick = tick
+    """``rank``: only that process dies (a lost DDP peer); every process by default."""
+
+    def __init__(self, tick: int, rank: int | None = None):
+        self.tick, self.rank = tick, rank
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.tick >= self.tick:
+        if pl_module.tick >= self.tick and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -10,6 +10,7 @@ ranks itself after normalising its loss by the global token count.
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 from pathlib import Path
@@ -17,15 +18,30 @@ from pathlib import Path
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
 
+from agentcap.parallel.watchdog import collective_timeout
 from agentcap.resume import sharded
 
 
 class GRPODDPStrategy(DDPStrategy):
+    """``timeout``: agentcap's collective timeout (:func:`agentcap.parallel.watchdog.collective_timeout`,
+    600 s unless ``--collective_timeout`` / ``AGENTCAP_COLLECTIVE_TIMEOUT`` says otherwise), not
+    Lightning's 30 minutes; a ``timedelta`` or seconds."""
+
     strategy_name = "grpo_ddp"
+
+    def __init__(self, *args, timeout=None, **kwargs):
+        super().__init__(*args, timeout=_timeout(timeout), **kwargs)
 
     def configure_ddp(self) -> None:
         assert self.model is not None
         _sync_module_states(self.model)  # what DDP's constructor would broadcast from rank 0
+
+
+def _timeout(timeout) -> datetime.timedelta:
+    """A strategy's collective timeout: agentcap's default when none is given; seconds or a ``timedelta``."""
+    if timeout is None:
+        return collective_timeout()
+    return timeout if isinstance(timeout, datetime.timedelta) else datetime.timedelta(seconds=float(timeout))
 
 
 StrategyRegistry.register(
@@ -48,13 +64,13 @@ class GRPOFSDPStrategy(ModelParallelStrategy):
     stage's optimiser and a sharded KL reference, never gathered into one process; DCP reshards them
     when a run resumes on another number of processes. ``save_distributed_checkpoint=False`` gathers
     them into one full file on rank 0 instead. A full file loads either way. ``--trainer.num_nodes``
-    scales it out under torchrun or SLURM.
+    scales it out under torchrun or SLURM. ``timeout``: as :class:`GRPODDPStrategy`'s.
     """
 
     strategy_name = "grpo_fsdp"
 
-    def __init__(self, save_distributed_checkpoint: bool = True, **kwargs):
-        super().__init__(save_distributed_checkpoint=save_distributed_checkpoint, **kwargs)
+    def __init__(self, save_distributed_checkpoint: bool = True, timeout=None, **kwargs):
+        super().__init__(save_distributed_checkpoint=save_distributed_checkpoint, timeout=_timeout(timeout), **kwargs)
 
     @property
     def sharded_checkpoints(self) -> bool:
