@@ -151,7 +151,7 @@ def test_modules_to_save_train_in_full_per_role_and_the_reference_runs_the_origi
     role on a shared base, left out by the KL reference (adapters disabled), kept in checkpoints."""
     spec = LoraSpec(r=4, alpha=8, modules_to_save=["lm_head"])
     build = lambda: build_agents({  # noqa: E731
-        "captioner": AgentConfig(tiny={"kind": "qwen2", "tie_word_embeddings": False}, peft=spec, max_new_tokens=5),
+        "captioner": AgentConfig(tiny={"kind": "qwen2", "text": {"tie_word_embeddings": False}}, peft=spec, max_new_tokens=5),
         "instruct": AgentConfig(share_base_with="captioner", peft=spec, max_new_tokens=5),
     })
     agents = build()

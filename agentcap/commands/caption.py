@@ -105,7 +105,7 @@ def caption_items(args: argparse.Namespace, module: Any, env: Any, split: str, o
             try:
                 items.append(env.item_from_audio(path))  # decodes and checks the file, as a manifest row
             except ManifestError as err:
-                out.failed({"id": os.path.basename(path), "audio": path}, err)
+                out.failed({"id": os.path.splitext(os.path.basename(path))[0], "audio": path}, err)  # the stem, as a success
         # the manifest's clips are counted when the env loads; these files are cut just the same
         warn_truncation(items, getattr(env, "max_seconds", None), f"{type(env).__name__} --audio")
     else:

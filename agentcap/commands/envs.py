@@ -4,7 +4,8 @@ Without a pattern: the built-in ``agentcap/`` ids and those of installed plugins
 ``gymnasium.envs`` entry point). A pattern selects ids by ``fnmatch`` (``agentcap/*-v0``) or by
 substring, case-insensitively; ``module:PATTERN`` (or a bare name that is an importable, non-stdlib
 module: ``agentcap envs mytask``) imports that module first, so the ids it registers are listed.
-Only the listed environments are imported (for their docstrings), never Gymnasium's own.
+Each line's description is read from the environment's source (its class docstring), so listing
+imports no environment; one whose source cannot be read is imported for its docstring.
 """
 
 from __future__ import annotations
