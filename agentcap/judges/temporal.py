@@ -158,7 +158,8 @@ def _stem(word: str) -> str:
     return word
 
 
-def _content_words(text: str) -> set[str]:
+def content_words(text: str) -> set[str]:
+    """Lower-case stemmed words without stop words: what an anchor shares with a caption clause."""
     return {_stem(w) for w in re.findall(r"[a-z]+", text.lower()) if w not in _STOP}
 
 
@@ -194,10 +195,10 @@ class RuleTemporalExaminer:
         return [self.locate_one(c, e) for c, e in zip(captions, events)]
 
     def locate_one(self, caption: str, event: str, bare_numbers: bool = False) -> Interval | None:
-        wanted = _content_words(event)
+        wanted = content_words(event)
         best, best_overlap = None, 0
         for text, interval in _clauses(caption, bare_numbers):
-            overlap = len(wanted & _content_words(text))
+            overlap = len(wanted & content_words(text))
             if overlap > best_overlap:
                 best, best_overlap = interval, overlap
                 if best_overlap == len(wanted):

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import soundfile
 
+from agentcap.judges.temporal import content_words  # the temporal rule examiner's reading of an anchor
 from agentcap_envs.real import assets
 
 SAMPLE_RATE = 16_000
@@ -96,16 +97,11 @@ EFFECTS: tuple[Effect, ...] = (
 )
 SPEECH_LICENSE = "CC-BY-SA-3.0 (recorded by Allison Smith, Digium, Inc.; Debian asterisk-core-sounds-en-wav)"
 
-# Words a blank may not take (too little to hear or to tell apart) and the temporal examiner's
-# stop words (agentcap.judges.temporal), so the event anchors' overlap is computed the same way.
+# Words a blank may not take (too little to hear or to tell apart). Anchors' content words come from
+# the temporal examiner (agentcap.judges.temporal.content_words), so their overlap is computed its way.
 _FUNCTION = frozenset(
     "the and you your for are was were has have had not but can will with this that that's from into "
     "our any all may please".split()
-)
-_STOP = frozenset(
-    "a an the of and or to from at in on with by for is are was were be been being it its this that "
-    "these those then while between until till around about near after before into onto over under "
-    "s sec secs second seconds time times again also there here which who as than very one".split()
 )
 _SENTENCE_BREAK = re.compile(r"[.!?;:]\s+\S")
 _ALLOWED = re.compile(r"^[A-Za-z][A-Za-z ',-]*$")
@@ -132,19 +128,6 @@ def blankable(text: str) -> list[str]:
     """Words of ``text`` a cloze may blank: letters only, 3+ long, not a function word; first-seen order."""
     words = [w for w in re.findall(r"(?<![\w'-])[A-Za-z]+(?![\w'-])", text)]
     return list(dict.fromkeys(w.lower() for w in words if len(w) >= 3 and w.lower() not in _FUNCTION))
-
-
-def _stem(word: str) -> str:
-    if len(word) > 4 and word.endswith(("sses", "shes", "ches", "xes", "zes")):
-        return word[:-2]
-    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        return word[:-1]
-    return word
-
-
-def content_words(text: str) -> set[str]:
-    """Lower-case stemmed words without stop words: what an anchor shares with a caption clause."""
-    return {_stem(w) for w in re.findall(r"[a-z]+", text.lower()) if w not in _STOP}
 
 
 def _phrase(text: str) -> re.Pattern[str]:
