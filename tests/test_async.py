@@ -209,7 +209,9 @@ def _results(run: Path) -> tuple[dict, dict[str, torch.Tensor], list[dict]]:
     summary = json.loads((run / "summary.json").read_text())
     weights = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     rows = list(csv.DictReader(next(run.rglob("metrics.csv")).open()))
-    return summary, weights, [r for r in rows if r.get("reward/policy/total")]
+    # a GRPO step's row: its trained agent's reward/<agent>/total (ACE-Cap: captioner, instruct, composer)
+    steps = [r for r in rows if any(k.startswith("reward/") and k.endswith("/total") and v for k, v in r.items())]
+    return summary, weights, steps
 
 
 def test_k1_repeats_exactly_and_logs_its_staleness_and_gap(tmp_path, toy_movie, make_read_config):
