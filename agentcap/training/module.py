@@ -26,7 +26,8 @@ Implementation details:
 
 The rooms it calls: ``rollout.splits`` (environments, drivers, item order), ``rollout.replay``
 (harvested Instruct items), ``rollout.pipeline`` (rollouts sampled ahead of the update,
-``max_staleness``), ``training.optim`` (the trainable agent's optimiser), ``agents.reference`` (π_ref),
+``max_staleness``), ``training.update`` (the clipped update of a rollout batch: Eq. 18-21 through
+``algorithms.grpo``), ``training.optim`` (the trainable agent's optimiser), ``agents.reference`` (π_ref),
 ``training.logs`` (global metrics, samples), ``parallel`` (ranks);
 its evaluation hooks (``training.evaluation_hooks``) and checkpoint hooks (``training.checkpoint_hooks``)
 live beside it.
