@@ -37,7 +37,6 @@ Re-running with the same arguments and assets writes byte-identical files.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -52,6 +51,7 @@ import soundfile
 
 from agentcap.judges.temporal import content_words  # the temporal rule examiner's reading of an anchor
 from agentcap_envs.real import assets
+from agentcap_envs.toy.soundscapes import row_texts, write_jsonl  # the same manifest schema
 
 SAMPLE_RATE = 16_000
 GRID = 0.1  # s: onsets, offsets and durations are multiples of it
@@ -596,24 +596,6 @@ def make_clip(clip_id: str, rng: np.random.Generator, pool: Sequence[Source], ef
     return row, samples
 
 
-def row_texts(row: dict[str, Any]) -> list[str]:
-    """Every string a tokenizer for this world must cover."""
-    texts = [row["caption"], row["short_caption"]]
-    for item in row["cloze"] + row["mcq"]:
-        texts.append(item["passage"])
-        texts.extend(item["options"])
-    for pair in row["qa"]:
-        texts.extend((pair["question"], pair["answer"]))
-    texts.extend(anchor["event"] for anchor in row["anchors"])
-    return texts
-
-
-def _write_jsonl(path: Path, rows: Sequence[dict]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-
-
 def attribution(splits: dict[str, list[Source]]) -> str:
     lines = [
         "Sources of the audio in this folder (mixed clips are adaptations under the same licences).",
@@ -695,13 +677,13 @@ def build(args: argparse.Namespace) -> dict[str, int]:
             rows.append(row)
             texts.extend(row_texts(row))
             total_seconds += row["duration"]
-        _write_jsonl(out / f"{split}.jsonl", rows)
+        write_jsonl(out / f"{split}.jsonl", rows)
         counts[split] = len(rows)
         counts[f"{split}_recordings"] = len(pool)
         if split == "test":
             questions = [q for index, row in enumerate(rows) for q in
                          benchmark_questions(row, np.random.default_rng([args.seed, BENCHMARK_STREAM, index]), words, sentences)]
-            _write_jsonl(out / "benchmark.jsonl", questions)
+            write_jsonl(out / "benchmark.jsonl", questions)
             counts["benchmark"] = len(questions)
     unique = list(dict.fromkeys(texts))
     (out / "texts.txt").write_text("\n".join(unique) + "\n", encoding="utf-8", newline="\n")

@@ -362,7 +362,7 @@ def _write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
     soundfile.write(str(path), samples, rate, subtype="PCM_16", format="WAV")
 
 
-def _write_jsonl(path: Path, rows: Sequence[dict]) -> None:
+def write_jsonl(path: Path, rows: Sequence[dict]) -> None:
     with open(path, "w", encoding="utf-8", newline="\n") as handle:
         for row in rows:
             handle.write(json.dumps(row) + "\n")
@@ -434,7 +434,7 @@ def write_bad_examples(out_dir: str | Path) -> Path:
         row["mcq"][0]["answer"] = letter
         rows.append(row)
     rows.append(variant("bad-valid", "audio/bad-valid.wav", None))
-    _write_jsonl(out / "bad.jsonl", rows)
+    write_jsonl(out / "bad.jsonl", rows)
 
     formats = []
     for extension, kind, subtype in (("flac", "FLAC", "PCM_16"), ("ogg", "OGG", "VORBIS")):
@@ -443,7 +443,7 @@ def write_bad_examples(out_dir: str | Path) -> Path:
         if kind == "OGG":
             _pin_ogg_serial(path)
         formats.append(variant(f"bad-valid-{extension}", f"audio/bad-valid.{extension}", None))
-    _write_jsonl(out / "formats.jsonl", formats)
+    write_jsonl(out / "formats.jsonl", formats)
     return out / "bad.jsonl"
 
 
@@ -496,12 +496,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, int]:
             rows.append(row)
             texts.extend(row_texts(row))
             seconds += row["duration"]
-        _write_jsonl(out / f"{split}.jsonl", rows)
+        write_jsonl(out / f"{split}.jsonl", rows)
         counts[split] = len(rows)
         if split == "test":  # the held-out benchmark asks only about test clips
             questions = [q for index, row in enumerate(rows)
                          for q in benchmark_questions(row, np.random.default_rng([args.seed, BENCHMARK_STREAM, index]))]
-            _write_jsonl(out / "benchmark.jsonl", questions)
+            write_jsonl(out / "benchmark.jsonl", questions)
             counts["benchmark"] = len(questions)
     unique = list(dict.fromkeys(texts))  # first-seen order keeps the file deterministic
     (out / "texts.txt").write_text("\n".join(unique) + "\n", encoding="utf-8", newline="\n")
