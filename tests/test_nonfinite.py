@@ -10,7 +10,7 @@ import torch
 
 from agentcap.agents import AgentConfig, build_agent
 from agentcap.cli import main
-from agentcap.training import module as module_py
+from agentcap.training import update as update_py
 from agentcap.training.finite import NonFiniteError
 from agentcap.training.optim import build_optimizer, optimizer_step
 
@@ -104,14 +104,14 @@ def test_an_exploding_lr_stops_the_fit_before_the_checkpoint(tmp_path, toy_movie
 def test_a_nan_grpo_loss_stops_the_fit_before_the_checkpoint(tmp_path, toy_movie, make_read_config, capsys,
                                                               monkeypatch):
     """The clipped objective turns NaN from the second GRPO step on (as a NaN reward would make it)."""
-    real, calls = module_py.clipped_objective, []
+    real, calls = update_py.clipped_objective, []
 
     def second_step_nan(*args, **kwargs):
         out = real(*args, **kwargs)
         calls.append(1)
         return {**out, "loss": out["loss"] * math.nan} if len(calls) > 1 else out
 
-    monkeypatch.setattr(module_py, "clipped_objective", second_step_nan)
+    monkeypatch.setattr(update_py, "clipped_objective", second_step_nan)
     stages = [{"name": "sft", "kind": "sft", "agent": "policy", "steps": 2},
               {"name": "grpo", "kind": "grpo", "agent": "policy", "steps": 3}]
     line = fit_until_it_stops(tmp_path, toy_movie, make_read_config, capsys, stages)
