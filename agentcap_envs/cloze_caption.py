@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
-from agentcap.core.manifests import ManifestError, audio_id, check_audio, check_duration, load_audio, resolve, warn_truncation
+from agentcap.core.manifests import (ManifestError, audio_id, audio_where, check_audio, check_duration, load_audio,
+                                     resolve, warn_truncation)
 from agentcap.judges.build import build_examiner, build_temporal_examiner
 from agentcap.judges.pool import sharded as judges_sharded
 from agentcap.judges.questions import BLANK, Question, question_bank
@@ -72,6 +73,9 @@ class ClozeCaptionEnv(CaptionEnv):
     (scores each option's text; for small models that cannot follow a letter format).
     half_width: w, the widening of point timestamps. on_error: ``skip`` drops unusable rows (missing,
     empty or corrupt audio; bad cloze items) and counts them; more than ``max_skip_fraction`` stops.
+    audio_check: ``header`` (each clip's header at load; decoded, and a truncated file or NaN / Inf
+    samples refused naming the row, when the item is used) or ``decode`` (every clip decoded at
+    load, so ``on_error: skip`` drops those too).
 
     ## Version history
     v0: first version.
@@ -79,6 +83,7 @@ class ClozeCaptionEnv(CaptionEnv):
 
     required_fields = {"id": str, "audio": str, "caption": str, "cloze": list, "anchors": list}
     scoring_fields = frozenset({"caption", "cloze", "anchors"})  # inference reads the audio alone
+    check_settings = ("max_seconds", "audio_check")  # check_item decodes up to max_seconds, or reads the header
     max_actions = 1  # single step
 
     def __init__(
@@ -101,8 +106,9 @@ class ClozeCaptionEnv(CaptionEnv):
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
         max_skip_fraction: float = 0.1,
+        audio_check: Literal["header", "decode"] = "header",
     ):
-        self.sample_rate, self.max_seconds = sample_rate, max_seconds
+        self.sample_rate, self.max_seconds, self.audio_check = sample_rate, max_seconds, audio_check
         super().__init__(
             manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
             max_skip_fraction=max_skip_fraction,
@@ -122,7 +128,9 @@ class ClozeCaptionEnv(CaptionEnv):
 
     def check_item(self, row: dict[str, Any], where: str) -> None:
         check_duration(row, where)
-        row.setdefault("duration", check_audio(row, "audio", where, self.max_seconds))  # a corrupt file fails here, at load
+        # the header at load (a corrupt file fails here); decoded at use, or here with audio_check="decode"
+        decode = self.audio_check == "decode"
+        row.setdefault("duration", check_audio(row, "audio", where, self.max_seconds, decode=decode))
         if "caption" in row and not (isinstance(row["caption"], str) and row["caption"].strip()):
             raise ManifestError(f"{where}: field 'caption' (the gold caption) is empty")
         if "cloze" in row:
@@ -167,7 +175,7 @@ class ClozeCaptionEnv(CaptionEnv):
     def begin(self, episode: Episode) -> dict[str, Any]:
         item = episode.item
         path = resolve(item["audio"], item.get("_manifest"))
-        wave = load_audio(path, self.sample_rate, item.get("_where", path), self.max_seconds)
+        wave = load_audio(path, self.sample_rate, audio_where(item, "audio", path), self.max_seconds)
         return self.observation("policy", [{"role": "user", "content": PROMPTS[self.prompt_style]}], {"waveform": wave})
 
     def advance(self, episode: Episode, action: str) -> None:

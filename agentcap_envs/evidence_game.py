@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
-from agentcap.core.manifests import ManifestError, audio_id, check_audio, check_duration, load_audio, resolve, warn_truncation
+from agentcap.core.manifests import (ManifestError, audio_id, audio_where, check_audio, check_duration, load_audio,
+                                     resolve, warn_truncation)
 from agentcap.judges.build import build_examiner
 from agentcap.judges.evidence import evidence_states, serialize_evidence
 from agentcap.judges.questions import Question, question_bank, sentences
@@ -105,7 +106,9 @@ class EvidenceGameEnv(CaptionEnv):
     how many gold questions the warm-start demonstrations ask (``needed``: as many as the gold MCQ
     bank rewards beyond c0, see ``needed_questions``; ``random``: a per-item draw that ignores the
     clip; ``padded``: the needed ones plus a per-item draw of redundant ones, so only LOOP-GRPO can
-    teach when to stop), and which (see ``demonstrations``).
+    teach when to stop), and which (see ``demonstrations``). audio_check: ``header`` (each clip's
+    header at load; decoded, and a truncated file or NaN / Inf samples refused naming the row, when
+    the item is used) or ``decode`` (every clip decoded at load, so ``on_error: skip`` drops those too).
 
     ## Version history
     v0: first version.
@@ -113,6 +116,7 @@ class EvidenceGameEnv(CaptionEnv):
 
     required_fields = {"id": str, "audio": str, "caption": str, "mcq": list}
     scoring_fields = frozenset({"caption", "mcq"})  # inference reads the audio alone
+    check_settings = ("max_seconds", "audio_check")  # check_item decodes up to max_seconds, or reads the header
 
     @staticmethod
     def acting_roles(mode: str = "game", **_) -> set[str]:
@@ -139,10 +143,11 @@ class EvidenceGameEnv(CaptionEnv):
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
         max_skip_fraction: float = 0.1,
+        audio_check: Literal["header", "decode"] = "header",
     ):
         if budget < 0:
             raise ValueError(f"budget (K) must be ≥ 0, got {budget}")
-        self.sample_rate, self.max_seconds = sample_rate, max_seconds
+        self.sample_rate, self.max_seconds, self.audio_check = sample_rate, max_seconds, audio_check
         super().__init__(
             manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
             max_skip_fraction=max_skip_fraction,
@@ -171,7 +176,9 @@ class EvidenceGameEnv(CaptionEnv):
 
     def check_item(self, row: dict[str, Any], where: str) -> None:
         check_duration(row, where)
-        row.setdefault("duration", check_audio(row, "audio", where, self.max_seconds))  # a corrupt file fails here, at load
+        # the header at load (a corrupt file fails here); decoded at use, or here with audio_check="decode"
+        decode = self.audio_check == "decode"
+        row.setdefault("duration", check_audio(row, "audio", where, self.max_seconds, decode=decode))
         if "mcq" in row and not (isinstance(row["mcq"], list) and row["mcq"]):
             raise ManifestError(f"{where}: field 'mcq' (the gold MCQ bank) is empty")
         # the warm start's demonstrations read these; refuse them here, not as a bare KeyError there
@@ -198,7 +205,7 @@ class EvidenceGameEnv(CaptionEnv):
     # --- observations -------------------------------------------------------------------------
     def _waveform(self, item: Mapping[str, Any]):
         path = resolve(item["audio"], item.get("_manifest"))
-        return load_audio(path, self.sample_rate, item.get("_where", path), self.max_seconds)
+        return load_audio(path, self.sample_rate, audio_where(item, "audio", path), self.max_seconds)
 
     def _history(self, c0: str, qa: Sequence[tuple[str, str]]) -> str:
         return serialize_evidence(c0, qa)

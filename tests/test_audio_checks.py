@@ -77,10 +77,22 @@ def manifest_with(tmp_path, toy_soundscapes, audio: str, **fields) -> str:
 
 
 def test_duration_is_the_decoded_length(tmp_path, toy_soundscapes, files):
-    env = gym.make("agentcap/ClozeCaption-v0", manifest=manifest_with(tmp_path, toy_soundscapes, str(files / "whole.mp3")))
+    """``audio_check: decode``: every clip decoded at load, the duration is the decoded length."""
+    env = gym.make("agentcap/ClozeCaption-v0", manifest=manifest_with(tmp_path, toy_soundscapes, str(files / "whole.mp3")),
+                   audio_check="decode")
     assert env.unwrapped.items[0]["duration"] == pytest.approx(6.0, abs=0.05)
     with pytest.raises(AudioDecodeError, match="m.jsonl:1"):
-        gym.make("agentcap/ClozeCaption-v0", manifest=manifest_with(tmp_path, toy_soundscapes, str(files / "truncated.mp3")))
+        gym.make("agentcap/ClozeCaption-v0", manifest=manifest_with(tmp_path, toy_soundscapes, str(files / "truncated.mp3")),
+                 audio_check="decode")
+
+
+def test_a_truncated_file_is_refused_when_used_naming_the_row(tmp_path, toy_soundscapes, files):
+    """The default ``audio_check: header`` reads the header at load (no decoding: issue 34 case 11);
+    what only decoding finds is refused when the item is used, naming file, row and field."""
+    env = gym.make("agentcap/ClozeCaption-v0", manifest=manifest_with(tmp_path, toy_soundscapes, str(files / "truncated.mp3")))
+    assert env.unwrapped.items[0]["duration"] == pytest.approx(6.0)  # the header's claim, until it is decoded
+    with pytest.raises(AudioDecodeError, match=r"m\.jsonl:1: field 'audio': audio file '.*truncated\.mp3' decodes to \d+ frames"):
+        env.reset(options={"index": 0})
 
 
 def test_clips_longer_than_max_seconds_are_counted_in_a_warning(tmp_path, toy_soundscapes, files):
@@ -197,7 +209,8 @@ def test_loud_float_and_full_scale_integer_files_pass(bad_samples):
 
 def test_bad_samples_are_refused_at_load_in_caption_evaluate_and_fit(tmp_path, toy_soundscapes, bad_samples, capsys):
     """``caption --audio``: an error row naming the file, exit 1. A manifest row (what ``fit`` and
-    ``evaluate`` load through the environment): refused at load naming the manifest line and the file."""
+    ``evaluate`` load through the environment): refused naming the manifest line, the field and the
+    file, at load with ``audio_check: decode``, when the item is used by default."""
     from test_caption_robustness import caption_command, cloze_config
 
     good = sorted((toy_soundscapes / "audio").glob("test-*.wav"))[0]
@@ -216,7 +229,15 @@ def test_bad_samples_are_refused_at_load_in_caption_evaluate_and_fit(tmp_path, t
     rows[1]["audio"] = str(bad_samples / "inf.wav")
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    with pytest.raises(ManifestError, match=r"m\.jsonl:2: field 'audio': audio file '.*/inf\.wav' has non-finite"):
-        gym.make("agentcap/ClozeCaption-v0", manifest=str(manifest))
-    env = gym.make("agentcap/ClozeCaption-v0", manifest=str(manifest), on_error="skip", max_skip_fraction=0.5).unwrapped
+    refusal = r"m\.jsonl:2: field 'audio': audio file '.*/inf\.wav' has non-finite"
+    with pytest.raises(ManifestError, match=refusal):
+        gym.make("agentcap/ClozeCaption-v0", manifest=str(manifest), audio_check="decode")
+    env = gym.make("agentcap/ClozeCaption-v0", manifest=str(manifest), on_error="skip", max_skip_fraction=0.5,
+                   audio_check="decode").unwrapped
     assert len(env.items) == 2
+    # the default reads headers at load (issue 34 case 11): the row is refused when it is used, as named
+    env = gym.make("agentcap/ClozeCaption-v0", manifest=str(manifest)).unwrapped
+    assert len(env.items) == 3
+    env.reset(options={"index": 0})
+    with pytest.raises(ManifestError, match=refusal):
+        env.reset(options={"index": 1})

@@ -158,3 +158,82 @@ def test_fit_on_a_refused_row_prints_the_message_not_a_traceback(tmp_path, toy_m
     assert err.strip().splitlines()[-1].startswith(f"agentcap: {bad}:1:") and "Traceback" not in err
     with pytest.raises(ManifestError, match="bad.jsonl:1"):
         main([*argv, "--debug"])
+
+
+# --- streamed manifests (issue 34, case 11) ---------------------------------------------------------
+def counted_manifest(tmp_path, rows: int, bad: dict[int, str]) -> str:
+    """``rows`` lines ``{"id": "r<n>"}``; line n of ``bad`` (1-based) is replaced by its text."""
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(bad.get(n, f'{{"id": "r{n}"}}') + "\n" for n in range(1, rows + 1)))
+    return str(path)
+
+
+def test_a_limit_reads_only_the_rows_it_needs(tmp_path):
+    """`--limit 10` of a 200,000-row manifest checks 10 rows: a torn line past them is never read
+    (without the limit it is refused), and the rows are not all checked first."""
+    manifest = counted_manifest(tmp_path, 200_000, {25: '{"id": "torn'})
+    checked = []
+    rows = read_manifest(manifest, {"id": str}, check=lambda row, where: checked.append(where), limit=10)
+    assert [r["id"] for r in rows] == [f"r{n}" for n in range(1, 11)]
+    assert checked == [f"{manifest}:{n}" for n in range(1, 11)]
+    with pytest.raises(ManifestError, match=r"big\.jsonl:25: not valid JSON"):
+        read_manifest(manifest, {"id": str})
+    with pytest.raises(ValueError, match="limit must be an int >= 1"):
+        read_manifest(manifest, limit=0)
+
+
+def test_rows_refused_before_the_limit_are_refused_or_counted_as_without_it(tmp_path):
+    manifest = counted_manifest(tmp_path, 1000, {3: '{"id": 3}', 7: "not json", 900: "{"})
+    with pytest.raises(ManifestError, match=r"big\.jsonl:3: field 'id' must be str, got 3"):
+        read_manifest(manifest, {"id": str}, limit=10)
+    report = SkipReport()
+    rows = read_manifest(manifest, {"id": str}, on_error="skip", max_skip_fraction=0.5, report=report, limit=10)
+    assert len(rows) == 10 and rows[-1]["id"] == "r12"  # ten usable rows: lines 1–12 less the two refused
+    assert report.total == 12 and len(report.skipped) == 2  # line 900 was never read
+    assert report.skipped[0].startswith(f"{manifest}:3: ") and report.skipped[1].startswith(f"{manifest}:7: ")
+    with pytest.raises(ManifestError, match=r"1 of 5 rows are unusable \(more than max_skip_fraction=0\.1\)"):
+        read_manifest(manifest, {"id": str}, on_error="skip", limit=4)  # the share of the rows read
+
+
+def test_audio_is_decoded_when_used_not_at_load(tmp_path, toy_soundscapes, monkeypatch):
+    """Loading an audio task reads each clip's header; the samples are decoded (and checked) when an
+    item is used. `first_rows` (caption / evaluate --limit) makes the environment read a prefix."""
+    from agentcap.core import manifests
+    from agentcap.core.env import first_rows
+
+    decodes = []
+    for name in ("decoded_duration", "_decode_audio"):
+        real = getattr(manifests, name)
+        monkeypatch.setattr(manifests, name, lambda *a, _real=real, _name=name, **k: decodes.append(_name) or _real(*a, **k))
+    rows = rows_of(toy_soundscapes)
+    for row in rows:
+        row.pop("duration", None)
+    manifest = write(tmp_path, rows)
+    env = gym.make("agentcap/ClozeCaption-v0", manifest=manifest, prompt="compact").unwrapped
+    assert len(env.items) == len(rows) and decodes == []  # headers only
+    assert env.items[0]["duration"] > 0  # from the header
+    env.reset(options={"index": 0})
+    assert decodes == ["_decode_audio"]  # the item used, and only it
+    with first_rows(2):
+        limited = gym.make("agentcap/EvidenceGame-v0", manifest=manifest, prompt="compact").unwrapped
+    assert [i["id"] for i in limited.items] == [r["id"] for r in rows[:2]]
+    decoded = gym.make("agentcap/ClozeCaption-v0", manifest=manifest, prompt="compact", audio_check="decode").unwrapped
+    assert decodes.count("decoded_duration") == len(rows)  # another check: not the header-checked rows cached
+    assert decoded.items[0] is not env.items[0]
+
+
+def test_caption_limit_stops_reading_at_its_items(tmp_path, toy_soundscapes):
+    """`agentcap caption --limit 1`: a torn line past the first row is never read (without the limit,
+    it is an error row and the exit says so)."""
+    from test_caption_robustness import caption_command, cloze_config
+
+    manifest = write(tmp_path, rows_of(toy_soundscapes, "test"))
+    with open(manifest, "a", encoding="utf-8") as handle:
+        handle.write('{"id": "torn\n')
+    config = cloze_config(tmp_path, toy_soundscapes)
+    out = tmp_path / "out.jsonl"
+    assert caption_command(["--config", config, "--manifest", manifest, "--out", str(out), "--limit", "1"]) == 0
+    assert [json.loads(line).get("error") for line in out.read_text().splitlines()] == [None]
+    assert caption_command(["--config", config, "--manifest", manifest, "--out", str(out)]) == 1
+    errors = [row["error"] for row in map(json.loads, out.read_text().splitlines()) if row.get("error")]
+    assert len(errors) == 1 and f"{manifest}:4: not valid JSON" in errors[0]

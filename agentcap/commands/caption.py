@@ -35,9 +35,10 @@ def caption_command(argv: list[str]) -> int:
     parser.add_argument("--out", default="captions.jsonl", help="JSONL output")
     parser.add_argument("--limit", type=int, default=None, help="caption at most this many items")
     args = parser.parse_args(argv)
-    from agentcap.core.env import inference_rows
+    from agentcap.core.env import first_rows, inference_rows
 
-    with inference_rows():  # a row needs its media, not the fields only scoring reads (gold, banks, anchors)
+    # a row needs its media, not the fields only scoring reads (gold, banks, anchors); --limit N reads N rows
+    with inference_rows(), first_rows(args.limit or None):
         return _caption(args)
 
 

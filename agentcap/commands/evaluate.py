@@ -98,11 +98,13 @@ def evaluate_command(argv: list[str]) -> int:
         return benchmark_command(args)
     if not (args.run or args.config or args.env):
         p.error("one of the arguments --run --config --env is required")
-    from agentcap.core.env import inference_rows
+    from agentcap.core.env import first_rows, inference_rows
     from agentcap.core.manifests import ManifestError
 
+    # --limit N: the manifest's first N rows are read (--predictions name their items by id: all rows)
+    limit = None if args.predictions else args.limit or None
     try:  # rows need what captioning reads; scoring says which metrics the fields present allow
-        with inference_rows():
+        with inference_rows(), first_rows(limit):
             return _evaluate(args)
     except ManifestError as err:  # a refused manifest row: one line naming file, line and field
         raise SystemExit(f"agentcap evaluate: {err}") from None
@@ -171,7 +173,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     result.update(ad_eval_metrics(args.ad_eval, env, items, rows))
     result.update(skipped_metrics(env, result, args.no_meteor))
     total = len(env.items)
-    if args.limit and len(rows) < total:  # a part of the split: the table's column says so
+    if args.limit and not args.predictions and len(rows) == args.limit:  # the manifest was read up to the limit
+        result["_limit"] = f"--limit {args.limit}: the first {len(rows)} items"
+    elif args.limit and len(rows) < total:  # a part of the split: the table's column says so
         result["_limit"] = f"--limit {args.limit}: {len(rows)} of {total} items"
     if args.out:  # written to <out>.partial, renamed when complete
         with JsonlOutput(args.out) as out:
@@ -270,11 +274,10 @@ def benchmark_command(args: argparse.Namespace) -> int:
     if config is not None and not os.path.isfile(config):
         raise SystemExit(f"agentcap evaluate: config {config!r} not found (is --run a run directory?)")
     try:
-        rows = read_benchmark(args.benchmark)
+        rows = read_benchmark(args.benchmark, args.limit or None)  # streamed: the first --limit questions are read
         judge = build_benchmark_judge(parse_judge_spec(args.judge))
     except ValueError as err:  # ManifestError included: it names file, line and field
         raise SystemExit(f"agentcap evaluate: {err}") from None
-    rows = rows[: args.limit] if args.limit else rows
     run_dir = args.run or "."
     if config is not None:
         with open(config, encoding="utf-8") as handle:

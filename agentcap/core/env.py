@@ -35,6 +35,9 @@ class CaptionEnv(gym.Env):
     scoring_fields: frozenset[str] = frozenset()
     #: The most actions one episode can take (the rollout driver's turn limit); None: unknown (64).
     max_actions: int | None = None
+    #: The instance attributes ``check_item`` reads (``max_seconds``, ``audio_check``): part of the
+    #: loaded-manifest cache key, so environments that check rows differently do not share rows.
+    check_settings: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         """Every task's ``Literal``-typed arguments refuse a value outside their choices (a typo)."""
@@ -63,6 +66,7 @@ class CaptionEnv(gym.Env):
                 on_error=on_error,
                 max_skip_fraction=max_skip_fraction,
                 report=self.skipped,
+                limit=_ROW_LIMIT[-1] if _ROW_LIMIT else None,  # first_rows: --limit reads a prefix
             )
         else:
             self.items = list(items)
@@ -183,6 +187,22 @@ def inference_rows() -> Iterator[None]:
 
 def loading_for_inference() -> bool:
     return bool(_INFERENCE)
+
+
+#: The row limits of :func:`first_rows` in force (innermost last).
+_ROW_LIMIT: list[int | None] = []
+
+
+@contextlib.contextmanager
+def first_rows(limit: int | None) -> Iterator[None]:
+    """Environments built inside read only the first ``limit`` usable rows of their manifest
+    (``agentcap caption / evaluate --limit``): the reading stops there, so a 10-item look at a
+    million-row manifest costs 10 rows, not the file (None: every row)."""
+    _ROW_LIMIT.append(limit)
+    try:
+        yield
+    finally:
+        _ROW_LIMIT.pop()
 
 
 def _checking_choices(init):

@@ -74,19 +74,27 @@ def read_manifest(
     on_error: Literal["raise", "skip"] = "raise",
     max_skip_fraction: float = 0.1,
     report: SkipReport | None = None,
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Read a JSONL manifest or a Hugging Face dataset (``agentcap.core.hf_datasets``: ``hf://org/name``,
     a save_to_disk folder, parquet / json / csv files); each row is checked for ``required`` fields
     and by ``check``.
 
+    Streamed: with ``limit``, reading stops at the ``limit``-th usable row, so ``--limit 10`` of a
+    million-row manifest reads and checks a prefix, not the file (rows refused on the way are
+    refused or counted as without a limit; ``max_skip_fraction`` counts the rows read).
+
     Loaded once per process and manifest version: a rollout pool builds one environment per
     trajectory, and each would otherwise re-read and re-validate every row (and probe every media
     file). The cache key is the file's path, modification time and size plus the checks (``check``
-    by its class and name: an environment's ``check_item`` reads the row, not the instance); later
-    callers get the same row dicts and the same skip report.
+    by its class and name, and the instance attributes it names in ``check_settings``: an
+    environment's ``check_item`` reads the row and those), and ``limit``; later callers get the same
+    row dicts and the same skip report.
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be an int >= 1 or None, got {limit!r}")
     try:
         source = parse_source(path)  # a Hugging Face dataset (agentcap.core.hf_datasets), or None: JSONL
     except ValueError as err:
@@ -94,7 +102,7 @@ def read_manifest(
     if source is None and not os.path.isfile(path):
         raise ManifestError(f"{path}: manifest not found")
     report = report if report is not None else SkipReport()
-    key = _manifest_key(path, required, check, on_error, max_skip_fraction, source)
+    key = _manifest_key(path, required, check, on_error, max_skip_fraction, source, limit)
     if key is not None and key in _MANIFESTS:
         rows, skipped, ids, total = _MANIFESTS[key]
         report.total += total
@@ -103,9 +111,9 @@ def read_manifest(
         return list(rows)
     before_total, before_skipped = report.total, len(report.skipped)
     if source is None:
-        rows = _read_rows(path, required, check, on_error, report)
+        rows = _read_rows(path, required, check, on_error, report, limit)
     else:
-        rows = _read_dataset(source, required, check, on_error, report)
+        rows = _read_dataset(source, required, check, on_error, report, limit)
     if report.fraction > max_skip_fraction:
         shown = "\n  ".join(report.skipped[:5])
         raise ManifestError(
@@ -122,11 +130,11 @@ def read_manifest(
     return list(rows)
 
 
-#: Loaded manifests by (path, mtime, size, checks): see ``read_manifest``.
+#: Loaded manifests by (path, mtime, size, checks, limit): see ``read_manifest``.
 _MANIFESTS: dict[tuple, tuple[list[dict[str, Any]], list[str], list[Any], int]] = {}
 
 
-def _manifest_key(path, required, check, on_error, max_skip_fraction, source=None) -> tuple | None:
+def _manifest_key(path, required, check, on_error, max_skip_fraction, source=None, limit=None) -> tuple | None:
     owner = getattr(check, "__self__", None)
     if check is not None and owner is None:
         return None  # a free function may close over anything: not cached
@@ -136,12 +144,15 @@ def _manifest_key(path, required, check, on_error, max_skip_fraction, source=Non
     else:
         version = (path, dataset_stamp(source))
     fields = tuple(sorted((name, _type_name(kind)) for name, kind in (required or {}).items()))
-    checker = None if check is None else (type(owner).__module__, type(owner).__qualname__, check.__name__)
-    return (*version, fields, checker, on_error, max_skip_fraction)
+    settings = tuple(repr(getattr(owner, name, None)) for name in getattr(owner, "check_settings", ()))
+    checker = None if check is None else (type(owner).__module__, type(owner).__qualname__, check.__name__, settings)
+    return (*version, fields, checker, on_error, max_skip_fraction, limit)
 
 
-def _read_dataset(source: DatasetSource, required, check, on_error, report: SkipReport) -> list[dict[str, Any]]:
-    """A Hugging Face dataset's rows, through the same ``check_row`` as a JSONL line."""
+def _read_dataset(source: DatasetSource, required, check, on_error, report: SkipReport,
+                  limit: int | None = None) -> list[dict[str, Any]]:
+    """A Hugging Face dataset's rows, through the same ``check_row`` as a JSONL line (the first
+    ``limit`` usable ones)."""
     rows: list[dict[str, Any]] = []
     try:
         for where, row in dataset_rows(source):
@@ -154,6 +165,8 @@ def _read_dataset(source: DatasetSource, required, check, on_error, report: Skip
                 report.refuse(str(err), row.get("id"))
                 continue
             rows.append(row)
+            if len(rows) == limit:
+                break  # streamed: the rows past the limit are not read
     except ValueError as err:
         if isinstance(err, ManifestError):
             raise
@@ -161,7 +174,8 @@ def _read_dataset(source: DatasetSource, required, check, on_error, report: Skip
     return rows
 
 
-def _read_rows(path, required, check, on_error, report: SkipReport) -> list[dict[str, Any]]:
+def _read_rows(path, required, check, on_error, report: SkipReport, limit: int | None = None) -> list[dict[str, Any]]:
+    """A JSONL manifest's rows, line by line, up to the ``limit``-th usable one."""
     rows: list[dict[str, Any]] = []
     with open(path, "rb") as handle:  # bytes: one undecodable line must cost only that line
         for number, raw in enumerate(handle, start=1):
@@ -185,6 +199,8 @@ def _read_rows(path, required, check, on_error, report: SkipReport) -> list[dict
                 report.refuse(str(err), _row_id(row, raw))
                 continue
             rows.append(row)
+            if len(rows) == limit:
+                break  # streamed: the lines past the limit are not read
     return rows
 
 
@@ -322,20 +338,39 @@ def _allowance(frames: int, rate: float) -> float:
     return max(relative * frames, seconds * rate)
 
 
-def check_audio(row: dict[str, Any], field: str, where: str, max_seconds: float | None = None) -> float:
+def check_audio(row: dict[str, Any], field: str, where: str, max_seconds: float | None = None,
+                decode: bool = True) -> float:
     """Refuse a row whose audio is missing, empty, unreadable, does not decode, or decodes to NaN /
     Inf / out-of-range samples (``check_samples``); returns its duration.
 
     The duration is the *decoded* length: a truncated MP3's header still announces the whole clip,
     and the duration curriculum must not believe it. ``max_seconds``: the part ``load_audio`` will
     keep, decoded in full (the rest is checked at its end only; see ``decoded_duration``).
+
+    ``decode=False``: the load check of a streamed manifest, without decoding (a header read, not
+    ~2 ms a row): missing, empty and unreadable files and headers announcing no frames are refused;
+    the header's duration is returned. What only decoding finds (a truncated file, bad samples) is
+    then found when the item is used: ``load_audio`` with ``where=audio_where(...)`` names the
+    manifest file, row and field as this check does.
     """
     path = resolve(row[field], row.get("_manifest"))
     if not os.path.isfile(path):
         raise ManifestError(f"{where}: field {field!r}: file {path!r} not found")
     if os.path.getsize(path) == 0:
         raise ManifestError(f"{where}: field {field!r}: file {path!r} is empty")
-    return decoded_duration(path, f"{where}: field {field!r}", max_seconds)
+    if decode:
+        return decoded_duration(path, f"{where}: field {field!r}", max_seconds)
+    seconds = audio_duration(path, f"{where}: field {field!r}")
+    if seconds <= 0:
+        raise AudioDecodeError(f"{where}: field {field!r}: audio file {path!r} has no audio frames (header: 0 frames)")
+    return seconds
+
+
+def audio_where(item: dict[str, Any], field: str, path: str) -> str:
+    """How errors of an item's audio at use name it: ``file:line: field 'audio'`` for a manifest row
+    (as the load checks do), the file itself for an item made from a raw audio file."""
+    where = item.get("_where")
+    return f"{where}: field {field!r}" if where else path
 
 
 def audio_duration(path: str, where: str = "") -> float:

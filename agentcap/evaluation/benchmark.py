@@ -322,10 +322,11 @@ def captioner_identity(config: str, checkpoint: str | None) -> str:
 
 
 # --- the run ---------------------------------------------------------------------------------------
-def read_benchmark(path: str) -> list[dict[str, Any]]:
-    """The benchmark manifest's rows, each checked by ``check_benchmark_row`` (errors name file:line);
-    ids repeated across rows are refused, naming how many rows repeat one (``check_unique_ids``)."""
-    rows = read_manifest(path, check=check_benchmark_row)
+def read_benchmark(path: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The benchmark manifest's rows (the first ``limit``; the reading stops there), each checked by
+    ``check_benchmark_row`` (errors name file:line); ids repeated across rows are refused, naming how
+    many rows repeat one (``check_unique_ids``)."""
+    rows = read_manifest(path, check=check_benchmark_row, limit=limit)
     check_unique_ids(rows, path)
     for row in rows:
         row["_clip"] = os.path.abspath(resolve(row["audio"], row["_manifest"]))

@@ -88,7 +88,7 @@ class EvaluationHooks:
         the others are rolled out greedily by the same driver, split over ranks and gathered. Rank 0
         asks the judge and writes ``<run_dir>/benchmarks/<stage>/``; every rank receives the metrics."""
         config = self.benchmark
-        questions = read_benchmark(config.path)[: config.limit]
+        questions = read_benchmark(config.path, config.limit)
         env = driver.scorer.unwrapped
         captions = {_clip_of(item): {"caption": row["caption"]} for item, row in zip(env.items, rows)}
         clips = list(dict.fromkeys(q["_clip"] for q in questions))
