@@ -68,7 +68,11 @@ def fit(config: Path) -> dict:
 
 @pytest.mark.slow  # `agentcap fit` of the 171M audio LM: an SFT step, a GRPO step, an evaluation
 def test_real_audiomap_recipe_takes_an_sft_and_a_grpo_step(small_world, tmp_path):
-    config = smallest("audiomap.yaml", small_world, tmp_path / "run", [
+    # the GRPO recipe starts from the warm start's export; here both steps run on the assembled model
+    warm = yaml.safe_load((ROOT / "configs/real/audiomap-sft.yaml").read_text())["model"]
+    grpo = yaml.safe_load((ROOT / "configs/real/audiomap.yaml").read_text())["model"]
+    assert grpo["agents"]["policy"]["model"] == f"{warm['run_dir']}/export/policy"
+    config = smallest("audiomap-sft.yaml", small_world, tmp_path / "run", [
         {"name": "sft", "kind": "sft", "agent": "policy", "steps": 1, "lr": 1e-3},
         {"name": "grpo_r2", "kind": "grpo", "agent": "policy", "steps": 1},
         {"name": "after_grpo", "kind": "evaluate", "split": "test"},
