@@ -57,9 +57,10 @@ class AgentConfig:
             the base under an adapter.
         gguf_file: file name inside ``model`` for GGUF checkpoints.
         trust_remote_code: off unless you trust the model folder's code.
-        backend: who samples the actions: ``hf`` (the model's ``generate``) or ``vllm`` (an engine
-            whose weights are synced after every optimiser step; needs ``model`` to be a plain HF folder).
-        vllm: engine options when ``backend`` is ``vllm``.
+        backend: who samples the actions: ``hf`` (the model's ``generate``), ``vllm`` (an engine
+            whose weights are synced after every optimiser step; needs ``model`` to be a plain HF folder)
+            or ``served`` (``vllm serve`` processes of their own, synced the same way: ``vllm.served``).
+        vllm: engine options when ``backend`` is ``vllm`` or ``served``.
         peft: train a LoRA adapter (rank, alpha, target modules) instead of the weights.
         share_base_with: another role whose base model this one shares, one adapter each (both
             need ``peft``); this role then names no model of its own, or the same one.
@@ -82,7 +83,7 @@ class AgentConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     gguf_file: str | None = None
     trust_remote_code: bool = False
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Literal["hf", "vllm", "served"] = "hf"
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
     peft: LoraSpec | None = None
     share_base_with: str | None = None
@@ -468,6 +469,8 @@ def _share_base(name: str, config: AgentConfig, configs: dict[str, AgentConfig],
             raise ValueError(f"agents.{name}.backend: vllm with share_base_with needs agents.{owner}.backend: vllm "
                              "too (one engine holds the base and an adapter per role)")
         agent.use_backend("vllm", config.vllm, base.backend.model_path, share=base.backend)
+    elif config.backend == "served":  # the same servers, an adapter of its own
+        agent.use_backend("served", config.vllm, resolve_model(configs[owner].model, f"agents.{owner}.model"))
     return agent
 
 

@@ -23,13 +23,17 @@ option letters.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-#: Replies larger than this are refused unread past it (a letter or a short answer is under 10 kB).
-MAX_REPLY_BYTES = 1 << 20
+from agentcap.parallel.http_client import (  # noqa: F401  (re-exported: the judges' reply rules)
+    MAX_REPLY_BYTES,
+    Invalid,
+    InvalidReply,
+    finite_logprob,
+    first_choice,
+)
+
 #: The share of invalid replies (after retries) above which a judge stops the run.
 INVALID_SHARE = 0.05
 #: The share is judged only once a judge has answered at least this many questions.
@@ -38,40 +42,8 @@ MIN_REPLIES = 20
 log = logging.getLogger("agentcap.judges")
 
 
-class InvalidReply(ValueError):
-    """One reply that is not an answer (raised by a validator; the client asks again)."""
-
-
 class TooManyInvalidReplies(RuntimeError):
     """A judge's share of invalid replies passed :data:`INVALID_SHARE`."""
-
-
-@dataclass(frozen=True)
-class Invalid:
-    """Stands in a result list for a reply still invalid after the retries (never an answer)."""
-
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
-
-
-def finite_logprob(value: Any, what: str) -> float:
-    """``value`` as a log-prob: a number ≤ 0 or −inf; NaN, +inf, a positive number or a string is invalid."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidReply(f"{what} is not a number: {str(value)[:40]!r}")
-    value = float(value)
-    if math.isnan(value) or value > 1e-6:
-        raise InvalidReply(f"{what} is {value} (a log-prob is finite and ≤ 0)")
-    return value
-
-
-def first_choice(reply: Any) -> dict[str, Any]:
-    """``reply["choices"][0]`` of an OpenAI-compatible reply, or :class:`InvalidReply`."""
-    choices = reply.get("choices") if isinstance(reply, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise InvalidReply(f"no choices[0] in the reply: {str(reply)[:120]}")
-    return choices[0]
 
 
 def message_text(reply: Any) -> str:

@@ -15,16 +15,11 @@ tokens: vLLM's ``prompt_logprobs`` of prompt + response token ids (READ Eq. 4 on
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import json
 import math
-import ssl
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any
 
-import httpx
 import torch
 
 from agentcap.agents.literal import literal
@@ -32,173 +27,27 @@ from agentcap.judges.coherence import CoherenceScorer
 from agentcap.judges.examiner import letters_question
 from agentcap.judges.questions import LETTERS, Question, check_pairs, distinct_pairs
 from agentcap.judges.replies import (
-    MAX_REPLY_BYTES,
     Invalid,
-    InvalidReply,
     ReplyTally,
     TooManyInvalidReplies,
-    finite_logprob,
-    first_choice,
     letter_scores,
     message_text,
 )
 from agentcap.judges.temporal import AnswerTemporalExaminer, temporal_question
-from agentcap.parallel import signals
+from agentcap.parallel.http_client import JSONClient, ServerUnavailable, given_logprobs
 
 
-class JudgeUnavailable(RuntimeError):
+class JudgeUnavailable(ServerUnavailable):
     """The judge server did not answer (after retries)."""
 
 
-class ServedClient:
-    """A small JSON client (httpx) for an OpenAI-compatible ``/v1`` server (vLLM's own endpoints included).
+class ServedClient(JSONClient):
+    """The client of a judge server (:class:`~agentcap.parallel.http_client.JSONClient`: every request
+    with a total deadline and retries; a server that stays down or silent raises
+    :class:`JudgeUnavailable` naming the URL, after 63 s at most with the defaults)."""
 
-    Every request has a total deadline, ``timeout`` seconds for connecting and receiving the whole
-    answer (a server that trickles bytes does not keep it alive); connecting alone may take at most
-    5 s. Failed requests (refused, timed out, 5xx) are retried after ``backoff``, ``2 * backoff``, …
-    seconds. With the defaults a judge that accepts and never answers raises
-    :class:`JudgeUnavailable` after 3 × 20 + 1 + 2 = 63 s, one that refuses connections after 3 s,
-    one whose host drops them after 18 s. Raise ``timeout`` for a server shared by many ranks.
-    A stop signal (SIGTERM, SIGUSR1) ends a wait within 0.1 s (:mod:`agentcap.parallel.signals`).
-
-    Args:
-        url: base URL ending in ``/v1``, e.g. ``http://127.0.0.1:8000/v1``.
-        model: the served model name (``vllm serve``'s ``--served-model-name`` or path).
-        timeout: seconds per request, connect and whole response together.
-        retries: further attempts after a failed request (connection refused, 5xx, timeout).
-        backoff: seconds before the first retry, doubled each time.
-        batch_size: requests in flight at once.
-        api_key: sent as a bearer token when set.
-    """
-
-    connect_timeout = 5.0
-
-    def __init__(self, url: str, model: str, timeout: float = 20.0, retries: int = 2, backoff: float = 1.0,
-                 batch_size: int = 32, api_key: str | None = None):
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"judge url: {url!r} must start with http:// or https:// (e.g. http://127.0.0.1:8000/v1)")
-        if batch_size < 1:
-            raise ValueError(f"judge batch_size must be >= 1, got {batch_size}")
-        if not timeout > 0:
-            raise ValueError(f"judge timeout must be > 0 seconds, got {timeout}")
-        self.url, self.model = url.rstrip("/"), model
-        self.timeout, self.retries, self.backoff, self.batch_size = timeout, retries, backoff, batch_size
-        self.api_key = api_key
-
-    def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST JSON to ``<url><path>`` (``/tokenize`` goes to the server root); retries, then a clear error."""
-        return self.map(path, [payload])[0]
-
-    def map(self, path: str, payloads: Sequence[dict[str, Any]],
-            validate: Callable[[Any], Any] | list[Callable[[Any], Any]] | None = None) -> list[Any]:
-        """POST every payload, ``batch_size`` in flight at once; results in order.
-
-        Every reply must be a JSON object of at most :data:`~agentcap.judges.replies.MAX_REPLY_BYTES`
-        from the model asked (a ``model`` field naming another is refused), and pass ``validate``
-        (reply → result, raising :class:`~agentcap.judges.replies.InvalidReply`; or one per payload);
-        an invalid reply is asked again like a failed request. One still invalid after the retries is an
-        :class:`~agentcap.judges.replies.Invalid` in the results when ``validate`` is given, else
-        :class:`~agentcap.judges.replies.InvalidReply` naming the URL is raised."""
-        if not payloads:
-            return []
-        work = lambda: asyncio.run(self._map(path, list(payloads), validate))  # noqa: E731
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # the usual case: no event loop in this thread
-            return work()
-        with ThreadPoolExecutor(max_workers=1) as pool:  # called from async code (a notebook): a loop of its own
-            return pool.submit(work).result()
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.post("/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})["tokens"])
-
-    async def _map(self, path: str, payloads: list[dict[str, Any]], validate: Any) -> list[Any]:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        timeout = httpx.Timeout(self.timeout, connect=min(self.connect_timeout, self.timeout), pool=None)
-        limits = httpx.Limits(max_connections=self.batch_size, max_keepalive_connections=self.batch_size)
-        slots = asyncio.Semaphore(self.batch_size)
-        async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits, verify=_ssl_context()) as client:
-            checks = validate if isinstance(validate, list) else [validate] * len(payloads)
-            everything = asyncio.gather(*(self._post(client, slots, path, p, c) for p, c in zip(payloads, checks)))
-            everything.add_done_callback(lambda f: f.cancelled() or f.exception())  # cancelled on a stop: no log
-            while True:  # wake up to notice a stop signal; leaving cancels the requests in flight
-                done, _ = await asyncio.wait({everything}, timeout=0.1)
-                if done:
-                    return everything.result()
-                signals.check()
-
-    async def _post(self, client: httpx.AsyncClient, slots: asyncio.Semaphore, path: str,
-                    payload: dict[str, Any], validate: Callable[[Any], Any] | None) -> Any:
-        base = self.url.removesuffix("/v1") if path == "/tokenize" else self.url
-        error: Exception | str | None = None
-        invalid: str | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
-            async with slots:
-                try:
-                    async with asyncio.timeout(self.timeout):  # the whole exchange, however the bytes trickle
-                        status, body = await self._exchange(client, base + path, payload)
-                except TimeoutError:
-                    error, invalid = f"no whole answer within timeout={self.timeout} s", None
-                    continue
-                except httpx.TransportError as err:
-                    error, invalid = f"{type(err).__name__}: {err}", None
-                    continue
-            if body is None:  # larger than the cap: not read further
-                error = invalid = f"a reply body over {MAX_REPLY_BYTES} bytes"
-            elif status >= 500:
-                error, invalid = f"{status}: {body[:500].decode(errors='replace')}", None
-            elif status >= 400:  # a bad request does not get better by retrying
-                raise ValueError(f"judge server {base + path} refused the request "
-                                 f"({status}): {body[:500].decode(errors='replace')}")
-            else:
-                try:
-                    return self._check(path, body, validate)
-                except InvalidReply as err:
-                    error = invalid = str(err)
-        if invalid is not None:
-            if validate is not None:
-                return Invalid(invalid)
-            raise InvalidReply(f"judge server {base + path} (model {self.model!r}): invalid reply after "
-                               f"{self.retries + 1} attempts ({invalid})")
-        raise JudgeUnavailable(
-            f"judge server {base + path} (model {self.model!r}) did not answer after {self.retries + 1} attempts "
-            f"({error}); is `vllm serve` running and reachable from this rank?"
-        )
-
-    @staticmethod
-    async def _exchange(client: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> tuple[int, bytes | None]:
-        """POST; (status, body), the body None when it passes :data:`MAX_REPLY_BYTES` (read no further)."""
-        async with client.stream("POST", url, json=payload) as response:
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > MAX_REPLY_BYTES:
-                return response.status_code, None
-            chunks, size = [], 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > MAX_REPLY_BYTES:
-                    return response.status_code, None
-                chunks.append(chunk)
-            return response.status_code, b"".join(chunks)
-
-    def _check(self, path: str, body: bytes, validate: Callable[[Any], Any] | None) -> Any:
-        """The reply parsed and checked: JSON, an object, from the model asked; then ``validate``'s result."""
-        try:
-            reply = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise InvalidReply(f"not JSON ({err}): {body[:80]!r}") from None
-        if not isinstance(reply, dict):
-            raise InvalidReply(f"not a JSON object: {body[:80]!r}")
-        if path != "/tokenize" and "model" in reply and reply["model"] != self.model:
-            raise InvalidReply(f"a reply from model {str(reply['model'])[:80]!r}, not {self.model!r}")
-        return validate(reply) if validate is not None else reply
-
-
-@functools.cache
-def _ssl_context() -> ssl.SSLContext:
-    """httpx's default certificate check, built once (each new client would load the CA bundle again: 0.3 s)."""
-    return httpx.create_ssl_context()
+    kind = "judge"
+    unavailable = JudgeUnavailable
 
 
 def letter_token_ids(tokenize, letters: Sequence[str] = LETTERS) -> list[int]:
@@ -345,22 +194,7 @@ class ServedCoherenceScorer:
              "temperature": 0.0, "prompt_logprobs": 0}
             for prefix, response, _ in batch
         ]
-        def reader(prefix: list[int], response: list[int]) -> Callable[[Any], list[float]]:
-            def read(reply: Any) -> list[float]:
-                steps = first_choice(reply).get("prompt_logprobs") or reply.get("prompt_logprobs")
-                if steps is None:
-                    raise InvalidReply("no prompt_logprobs in the reply (is it vLLM?)")
-                if not isinstance(steps, list) or len(steps) != len(prefix) + len(response):
-                    raise InvalidReply(f"prompt_logprobs for {len(steps) if isinstance(steps, list) else '?'} "
-                                       f"tokens, not {len(prefix) + len(response)}")
-                try:
-                    return [finite_logprob(step[str(t)]["logprob"], f"the log-prob of token {t}")
-                            for step, t in zip(steps[len(prefix):], response)]
-                except (KeyError, TypeError) as err:
-                    raise InvalidReply(f"prompt_logprobs without the given token ({err!r})") from None
-            return read
-
-        results = self.client.map("/completions", payloads, validate=[reader(p, r) for p, r, _ in batch])
+        results = self.client.map("/completions", payloads, validate=[functools.partial(given_logprobs, prompt=p, tokens=r) for p, r, _ in batch])
         self.tally.record(results)
         out = []
         for logprobs, (prefix, response, mask) in zip(results, batch):

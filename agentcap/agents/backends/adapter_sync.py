@@ -40,9 +40,9 @@ def max_lora_rank(r: int, where: str) -> int:
 class AdapterVersions:
     """The versions of one agent's adapter on disk, and the LoRA request of the newest."""
 
-    def __init__(self, agent, lora_ids: Iterator[int] | None = None):
-        self.agent = agent
-        self.root = tempfile.mkdtemp(prefix=f"agentcap-lora-{agent.name}-")
+    def __init__(self, agent, lora_ids: Iterator[int] | None = None, root: str | None = None):
+        self.agent = agent  # root: a folder another process reads (a served engine's); default: the system's temp
+        self.root = tempfile.mkdtemp(prefix=f"agentcap-lora-{agent.name}-", dir=root)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self.root, True)
         self.version = 0
         self.lora_ids = lora_ids if lora_ids is not None else itertools.count(1)  # the engine's, when shared

@@ -5,10 +5,44 @@ log-probs filled in) and the vLLM engine's options (:class:`VLLMOptions`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 from agentcap.agents.generation import Generation
+
+
+@dataclass
+class ServedOptions:
+    """The ``vllm serve`` processes of an agent whose ``backend`` is ``served``
+    (``agentcap.agents.backends.served``; docs/vllm.md, "Engines in processes of their own").
+
+    Args:
+        urls: the servers' ``/v1`` URLs (``http://HOST:PORT/v1``); rollouts are spread over them.
+        start: servers agentcap starts itself on loopback (``urls`` empty), one engine each.
+        model: the name the servers serve the base under (``--served-model-name``); default: the
+            agent's ``model`` as written in the config.
+        folder: a folder this trainer writes and every server reads (adapter and full-weight
+            versions); default: a temporary folder on this host (loopback servers only).
+        timeout: seconds per request (a generation of a whole batch included), then retries.
+        retries: further attempts after a failed request.
+        backoff: seconds before the first retry, doubled each time.
+        batch_size: requests in flight per server.
+        api_key: sent as a bearer token when set.
+        python: the interpreter that runs the servers agentcap starts (one with vLLM); default: this one.
+        start_timeout: seconds a started server may take to answer.
+    """
+
+    urls: list[str] = field(default_factory=list)
+    start: int = 0
+    model: str | None = None
+    folder: str | None = None
+    timeout: float = 300.0
+    retries: int = 1
+    backoff: float = 1.0
+    batch_size: int = 64
+    api_key: str | None = None
+    python: str | None = None
+    start_timeout: float = 900.0
 
 
 @dataclass
@@ -25,6 +59,7 @@ class VLLMOptions:
         dtype: vLLM engine dtype (``auto``: the learner's, so sampler and learner log-probs agree).
         enforce_eager: vLLM: no CUDA graphs (slower decode, faster start).
         seed: vLLM sampling seed.
+        served: where the engines are when ``backend`` is ``served`` (:class:`ServedOptions`).
         sync_tolerance: largest max |Δ log p| between engine and learner on the probe after a
             sync (``backends.verify``); None: by engine dtype (fp32 1e-3, bf16 0.5, fp16 0.25).
     """
@@ -37,6 +72,15 @@ class VLLMOptions:
     enforce_eager: bool = False
     seed: int = 0
     sync_tolerance: float | None = None
+    served: ServedOptions = field(default_factory=ServedOptions)
+
+    def __post_init__(self):
+        if isinstance(self.served, dict):
+            known = {f.name for f in fields(ServedOptions)}
+            unknown = sorted(set(self.served) - known)
+            if unknown:
+                raise ValueError(f"vllm.served: unknown option(s) {unknown}; known: {sorted(known)}")
+            self.served = ServedOptions(**self.served)
 
 
 class Backend(Protocol):

@@ -1,9 +1,10 @@
-"""Building an agent's backend by name (``hf`` or ``vllm``)."""
+"""Building an agent's backend by name (``hf``, ``vllm`` or ``served``)."""
 
 from __future__ import annotations
 
 from agentcap.agents.backends.base import Backend, VLLMOptions
 from agentcap.agents.backends.hf import HFBackend
+from agentcap.agents.backends.served import ServedBackend
 from agentcap.agents.backends.vllm import VLLMBackend  # vllm itself loads when an engine is built
 
 
@@ -17,4 +18,6 @@ def build_backend(
         return HFBackend(agent)
     if backend == "vllm":
         return VLLMBackend(agent, options or VLLMOptions(), model_path, where, share=share)
-    raise ValueError(f"{where}.backend: {backend!r} is not one of hf, vllm")
+    if backend == "served":  # roles that share a base are adapters of their own on the same servers
+        return ServedBackend(agent, options or VLLMOptions(), model_path, where)
+    raise ValueError(f"{where}.backend: {backend!r} is not one of hf, vllm, served")
