@@ -20,7 +20,8 @@ OBS = {"agent": "policy", "messages": [{"role": "user", "content": "Describe a s
 
 def test_served_engine_takes_adapter_versions_at_run_time(smollm2_folder, tmp_path):
     vllm = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True,
-            "served": {"start": 1, "model": "smollm2", "folder": str(tmp_path / "sync"), "timeout": 600}}
+            "served": {"start": 1, "model": "smollm2", "folder": str(tmp_path / "sync"), "timeout": 600,
+                       "start_timeout": 1800}}  # a shared 2-core machine: the first run gave up at 900 s
     agent = build_agent("policy", AgentConfig(model=str(smollm2_folder), peft=LoraSpec(r=8, alpha=16),
                                               backend="served", vllm=vllm, max_new_tokens=4))
     backend = agent.backend
