@@ -26,6 +26,7 @@ EXPECT = {
     "bench_examiner.py": ["examiner model:", "scores identical: True"],
     "bench_help.py": ["agentcap --help"],
     "bench_loading.py": ["today, 1 process", "by shard"],
+    "bench_manifest.py": ["after:", "before/after: time x"],
     "bench_rollout.py": ["| vllm |", "weight sync"],
     "bench_step.py": ["bench_step --smoke: agentcap's step (GRPOModule.update via agentcap.training.harness)"],
     "bench_sync_check.py": ["| float32 |"],

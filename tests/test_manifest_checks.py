@@ -202,6 +202,7 @@ def test_audio_is_decoded_when_used_not_at_load(tmp_path, toy_soundscapes, monke
     from agentcap.core.env import first_rows
 
     decodes = []
+    monkeypatch.setattr(manifests, "_WAVEFORMS", type(manifests._WAVEFORMS)())  # clips earlier tests decoded
     for name in ("decoded_duration", "_decode_audio"):
         real = getattr(manifests, name)
         monkeypatch.setattr(manifests, name, lambda *a, _real=real, _name=name, **k: decodes.append(_name) or _real(*a, **k))
