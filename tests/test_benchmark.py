@@ -168,6 +168,19 @@ def test_rule_judge_reads_the_sentence_about_the_subject():
     assert judge.choose(asks) == ["B", "C", "B", "B", None]
 
 
+def test_rule_judge_names_choices_by_their_quote_or_without_article_and_reads_later():
+    caption = 'A woman says "Agent logged in". A bell dings. Then she says "Thank you".'
+    judge = RuleJudge()
+    asks = [Ask(caption, "Which comes later?", ('the speaker saying "Thank you"', 'the speaker saying "Agent logged in"')),
+            Ask(caption, "Which comes first?", ('the speaker saying "Thank you"', 'the speaker saying "Agent logged in"')),
+            Ask(caption, "Which sentence does the speaker say last?", ("Agent logged in", "You are now unmuted", "Thank you")),
+            Ask(caption, "Which of these sounds can be heard?", ("the dog", "the bell", "the horn")),
+            Ask(caption, 'Which word comes after "last"?', ("bell", "Thank you")),  # "last" inside a quote: not an order question
+            Ask(caption, "Which comes later?", ("the horn", "the dog"))]  # neither named: no answer
+    assert judge.choose(asks) == ["A", "B", "C", "B", "A", None]
+    assert judge.identity == "rule-v2"  # v1's cached answers are not reused
+
+
 def test_local_judge_reads_only_the_asks_letters():
     from transformers import LlamaConfig, LlamaForCausalLM
 

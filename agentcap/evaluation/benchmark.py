@@ -91,18 +91,51 @@ def _phrase(text: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![\w.-]){words}(?![\w-]|\.\d)", re.IGNORECASE)
 
 
+_ARTICLE = re.compile(r"^(?:the|a|an)\s+(?=\S)", re.IGNORECASE)
+_QUOTE = re.compile(r'"([^"]+)"')
+
+
+#: Question words asking for the later of the named things (captions narrate in time order).
+_LATER = frozenset({"later", "last", "latest", "final"})
+
+
+def _named_last(ask: Ask, parts: Sequence[str]) -> str | None:
+    """Of the choices the caption names, the one whose first naming comes last (None: none named)."""
+    first: dict[int, tuple[int, int]] = {}
+    for k, choice in enumerate(ask.choices):
+        for i, part in enumerate(parts):
+            spans = [m.start() for name in _names(choice) for m in _phrase(name).finditer(part)]
+            if spans:
+                first[k] = (i, min(spans))
+                break
+    return LETTERS[max(first, key=first.get)] if first else None
+
+
+def _names(choice: str) -> list[str]:
+    """The ways a caption may name a choice: its words, without a leading article, its quote."""
+    found = [choice, _ARTICLE.sub("", choice), *_QUOTE.findall(choice)]
+    return [name for i, name in enumerate(found) if name.strip() and name not in found[:i]]
+
+
 class RuleJudge:
     """Deterministic stand-in judge for the offline toy worlds ONLY (templated captions).
 
     The caption sentences are read in order of how many of the question's content words (not those
     of its choices) they share (ties: the earlier sentence first); in the first one that names any
     choice (whole words, longer choices first, a shorter one inside a longer match does not count),
-    the choice named first wins.
-    No choice named anywhere: no answer (counted wrong). It cannot reason (order questions about the
-    last event fail), which the per-category table shows; it is not a substitute for an LLM judge.
+    the choice named first wins. A choice is named by its own words, by them without a leading
+    article ("the bell" by "a bell dings") or, when it quotes speech, by its quote ('the speaker
+    saying "Thank you"' by 'a woman says "Thank you"'): captions name things, choices refer to them.
+    A question asking which comes *later* or *last* takes, of the choices named, the one whose first
+    naming comes last. No choice named anywhere: no answer (counted wrong). It cannot
+    count ("how many" questions go unanswered) or reason beyond this, which the per-category table
+    shows; it is not a substitute for an LLM judge.
     """
 
-    identity = "rule"
+    #: v2: choices are also named without their article or by their quote, and "which comes later"
+    #: is read (v1 left the real-speech world's order questions unanswered); the version keeps
+    #: v1's cached answers apart.
+    identity = "rule-v2"
 
     def choose(self, asks: Sequence[Ask]) -> list[str | None]:
         return [self._one(ask) for ask in asks]
@@ -112,13 +145,16 @@ class RuleJudge:
         named = {w for choice in ask.choices for w in _WORD.findall(choice.lower())}
         wanted = set(_WORD.findall(ask.question.lower())) - _STOP - named  # the subject, not the options
         parts = sentences(ask.caption)
+        if _LATER & set(_WORD.findall(_QUOTE.sub("", ask.question).lower())):  # not a word of a quote
+            return _named_last(ask, parts)
         ranked = sorted(range(len(parts)), key=lambda i: (-len(wanted & set(_WORD.findall(parts[i].lower()))), i))
-        longest_first = sorted(range(len(ask.choices)), key=lambda k: -len(ask.choices[k]))
+        names = [(k, name) for k, choice in enumerate(ask.choices) for name in _names(choice)]
+        longest_first = sorted(names, key=lambda kn: -len(kn[1]))
         for i in ranked:
             claimed: list[tuple[int, int]] = []
             first: dict[int, int] = {}
-            for k in longest_first:
-                for match in _phrase(ask.choices[k]).finditer(parts[i]):
+            for k, name in longest_first:
+                for match in _phrase(name).finditer(parts[i]):
                     start, end = match.span()
                     if not any(start < e and s < end for s, e in claimed):
                         claimed.append((start, end))

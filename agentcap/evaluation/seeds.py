@@ -88,6 +88,12 @@ def mean_interval(values: Sequence[float], level: float = 0.95) -> Interval:
     return Interval(mean, t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n), n)
 
 
+def paired_cell(after: Sequence[dict[str, float]], before: Sequence[dict[str, float]], key: str, digits: int = 3) -> str:
+    """The run-paired difference after − before of ``key``: its mean and interval, then each run's."""
+    deltas = [a[key] - b[key] for a, b in zip(after, before)]
+    return f"{mean_interval(deltas)} ({', '.join(f'{d:+.{digits}f}' for d in deltas)})"
+
+
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Pearson's r; NaN when either side is constant (a Composer that always asks 3 questions)."""
     if len(xs) != len(ys):

@@ -1,0 +1,91 @@
+"""What the real-speech AudioMap captions say, before and after GRPO, against the clips' events.
+
+The benchmark and the rewards read captions through examiners; this reads them against the world's
+own event lists (``data/real_speech/test.jsonl``), so a gain can be told apart from enumeration:
+events named per clip against the clip's events, precision and recall of the named sound effects,
+spoken sentences quoted against those said, repeated sentences, and length against the reference.
+Means over runs with 95 % t intervals, and the paired after − before differences.
+
+    python tools/real_analysis.py runs/real/audiomap-demo-s4 runs/real/audiomap-demo-s5 \\
+        --stages before_grpo,after_grpo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from agentcap.evaluation.seeds import mean_interval, paired_cell  # noqa: E402
+from agentcap.judges.questions import sentences  # noqa: E402
+from agentcap_envs.real.speech import EFFECTS  # noqa: E402
+
+_QUOTE = re.compile(r'"([^"]+)"')
+
+
+def _named_effects(text: str) -> set[str]:
+    return {e.name for e in EFFECTS if re.search(rf"\b{re.escape(e.name)}\b", text, re.IGNORECASE)}
+
+
+def caption_figures(caption: str, item: dict) -> dict[str, float]:
+    """One caption's figures against its clip's event list."""
+    events = item["events"]
+    gold_effects = {e["label"] for e in events if e["type"] == "effect"}
+    gold_effects = {x.name for x in EFFECTS if x.key in gold_effects or x.name in gold_effects}
+    gold_quotes = {e["transcript"].lower() for e in events if e["type"] == "speech"}
+    parts = sentences(caption)
+    named = _named_effects(caption)
+    quotes = [q.lower() for q in _QUOTE.findall(caption)]
+    return {
+        "words": len(caption.split()),
+        "words / reference": len(caption.split()) / max(1, len(item["caption"].split())),
+        "sentences - events": len(parts) - len(events),
+        "more sentences than events": float(len(parts) > len(events)),
+        "repeated sentence": float(len({re.sub(r"^from [\d.]+ s to [\d.]+ s, ", "", p.lower()) for p in parts})
+                                   < len(parts)),
+        "effect precision": len(named & gold_effects) / len(named) if named else float("nan"),
+        "effect recall": len(named & gold_effects) / len(gold_effects) if gold_effects else float("nan"),
+        "quotes - speech events": len(quotes) - len(gold_quotes),
+        "exact quotes": sum(q in gold_quotes for q in quotes) / len(quotes) if quotes else float("nan"),
+        "truncated (no final period)": float(not caption.rstrip().endswith((".", '."'))),
+    }
+
+
+def stage_figures(run: str, stage: str, items: dict[str, dict]) -> dict[str, float]:
+    """Each figure's mean over the stage's captions (NaNs, e.g. no effect named, left out)."""
+    path = os.path.join(run, "eval", f"{stage}.jsonl")
+    with open(path, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle]
+    per = [caption_figures(r["caption"], items[r["id"]]) for r in rows]
+    return {k: mean_interval([p[k] for p in per]).mean for k in per[0]}
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--stages", default="before_grpo,after_grpo")
+    p.add_argument("--manifest", default="data/real_speech/test.jsonl")
+    args = p.parse_args(argv)
+    with open(args.manifest, encoding="utf-8") as handle:
+        items = {row["id"]: row for row in map(json.loads, handle)}
+    stages = args.stages.split(",")
+    figures = {s: [stage_figures(run, s, items) for run in args.runs] for s in stages}
+    keys = list(figures[stages[0]][0])
+    lines = ["| figure | " + " | ".join(stages) + " | " + " | ".join(f"{b} → {a}" for a, b in zip(stages, stages[1:]))
+             + " |", "|---" * (2 * len(stages)) + "|"]
+    for k in keys:
+        cells = [str(mean_interval([f[k] for f in figures[s]])) for s in stages]
+        cells += [paired_cell(figures[after], figures[before], k, 2) for before, after in zip(stages, stages[1:])]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
