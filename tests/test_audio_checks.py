@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -240,4 +241,70 @@ def test_bad_samples_are_refused_at_load_in_caption_evaluate_and_fit(tmp_path, t
     assert len(env.items) == 3
     env.reset(options={"index": 0})
     with pytest.raises(ManifestError, match=refusal):
+        env.reset(options={"index": 1})
+
+
+# --- bad audio found when used, under on_error: skip ---------------------------------------------------
+def _manifest_with_bad_row(tmp_path, toy_soundscapes, bad: Path) -> tuple[str, list[dict]]:
+    """Four val-like rows whose second row's audio is ``bad`` (found only when decoded: at use)."""
+    rows = [json.loads(line) for line in (toy_soundscapes / "train.jsonl").read_text().splitlines()[:4]]
+    for row in rows:
+        row["audio"] = str(toy_soundscapes / row["audio"])
+    rows[1]["audio"] = str(bad)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(manifest), rows
+
+
+class _Captioner:
+    """A scripted policy: the same caption for every observation (no model)."""
+
+    def generate(self, observations, greedy, batch_size, seeds=None, old_logprobs=True):
+        import torch
+
+        from agentcap.agents.generation import Generation
+
+        return [Generation(torch.zeros(1, dtype=torch.long), text="a bird sings", old_logprobs=torch.zeros(1))
+                for _ in observations]
+
+
+def test_a_row_unusable_when_used_is_skipped_named_once_and_counted(tmp_path, toy_soundscapes, bad_samples, capsys):
+    """``on_error: skip``: the row whose audio fails at use (NaN / Inf samples) is named once on stderr
+    (file:line, field, reason), every rollout of its group takes the next usable row instead (the same
+    one, whatever order the environments meet it in), the split's ``skipped_rows`` counts it, and an
+    evaluation leaves it out; ``on_error: raise`` stops with the named error as before."""
+    from agentcap.core import unusable
+    from agentcap.core.schedule import Stage
+    from agentcap.evaluation.rollouts import evaluate_rollouts
+    from agentcap.rollout.splits import EnvConfig, Splits
+
+    manifest, rows = _manifest_with_bad_row(tmp_path, toy_soundscapes, bad_samples / "inf.wav")
+    refusal = r"m\.jsonl:2: field 'audio': audio file '.*/inf\.wav' has non-finite samples"
+    with pytest.raises(ManifestError, match=refusal):
+        gym.make("agentcap/ClozeCaption-v0", manifest=manifest).unwrapped.reset(options={"index": 1})
+
+    spec = EnvConfig(id="agentcap/ClozeCaption-v0", kwargs={"on_error": "skip", "max_skip_fraction": 0.3},
+                     train={"manifest": manifest})
+    splits = Splits(spec, {"policy": _Captioner()}, generation_batch_size=4, seed=0)
+    driver = splits.driver("train", Stage(name="grpo", kind="grpo", agent="policy"))
+    assert splits.skipped_rows == {"train": 0}  # headers only at load: nothing found yet
+    capsys.readouterr()
+    batch = driver.run(indices=[1, 3], group_size=2, seed=5)
+    assert [e.item["id"] for e in batch.episodes] == [rows[2]["id"]] * 2 + [rows[3]["id"]] * 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "skipped when used" in line]
+    assert len(lines) == 1 and re.search(refusal, lines[0]) and "(on_error: skip)" in lines[0]
+    assert splits.skipped_rows == {"train": 1} and list(unusable.found(manifest)) == [f"{manifest}:2"]
+    driver.run(indices=[1], group_size=2, seed=6)  # marked: passed by without decoding or a new line
+    assert "skipped when used" not in capsys.readouterr().err and splits.skipped_rows == {"train": 1}
+
+    evaluated: list[dict] = []
+    evaluate_rollouts(driver, None, chunk=4, greedy=True, seed=0, rows=evaluated)
+    assert [r["id"] for r in evaluated] == [rows[i]["id"] for i in (0, 2, 3)]  # left out, not replaced
+
+
+def test_rows_unusable_when_used_may_not_pass_max_skip_fraction(tmp_path, toy_soundscapes, bad_samples):
+    manifest, _ = _manifest_with_bad_row(tmp_path, toy_soundscapes, bad_samples / "nan.wav")
+    env = gym.make("agentcap/ClozeCaption-v0", manifest=manifest, on_error="skip").unwrapped  # 0.1 of 4 rows
+    with pytest.raises(ManifestError, match=r"m\.jsonl: 1 of 4 rows are unusable \(1 found when used\), more than "
+                                            r"max_skip_fraction=0\.1; the last: .*m\.jsonl:2: field 'audio'"):
         env.reset(options={"index": 1})

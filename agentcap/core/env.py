@@ -19,7 +19,8 @@ from typing import Any, Literal
 import gymnasium as gym
 
 from agentcap.core.episode import Action, Episode, Score
-from agentcap.core.manifests import SkipReport, read_manifest
+from agentcap.core import unusable
+from agentcap.core.manifests import ManifestError, SkipReport, read_manifest
 from agentcap.core.spaces import FreeText, observation_space
 
 
@@ -56,6 +57,7 @@ class CaptionEnv(gym.Env):
         if (manifest is None) == (items is None):
             raise ValueError(f"{type(self).__name__}: give exactly one of `manifest` or `items`")
         self.manifest = manifest
+        self.on_error, self.max_skip_fraction = on_error, max_skip_fraction
         #: Rows refused at load with ``on_error="skip"``: counted, logged, never silently lost.
         self.skipped = SkipReport()
         if manifest is not None:
@@ -130,10 +132,39 @@ class CaptionEnv(gym.Env):
             if not 0 <= index < len(self.items):
                 raise IndexError(f"reset(options={{'index': {index}}}): only {len(self.items)} items")
             item = self.items[index]
-        self.episode = Episode(item=item, group=int(options.get("group", 0)))
         self._finished = False
-        self._obs = self.begin(self.episode)
+        self._obs, index = self._begin_usable(item, index, int(options.get("group", 0)))
         return self._obs, {"index": index}
+
+    def _begin_usable(self, item: dict[str, Any], index: int, group: int) -> tuple[dict[str, Any], int]:
+        """``begin`` the item; a manifest row found unusable there (its audio, decoded now: NaN samples,
+        a truncated stream) stops the reset, or under ``on_error: skip`` is marked and the next usable
+        row begins instead (``agentcap.core.unusable``). ``info["index"]`` names the row used."""
+        for _ in range(len(self.items)):
+            if unusable.reason(item) is None:
+                self.episode = Episode(item=item, group=group)
+                try:
+                    return self.begin(self.episode), index
+                except ManifestError as err:
+                    if index < 0 or self.on_error != "skip":
+                        raise
+                    unusable.mark(item, self.manifest, str(err))
+                    self._check_skip_share(err)
+            if index < 0:  # an item given by value (inference) has no next row
+                raise ManifestError(unusable.reason(item))
+            index = (index + 1) % len(self.items)
+            item = self.items[index]
+        raise ManifestError(f"{self.manifest or 'items'}: every one of the {len(self.items)} rows is unusable when used; "
+                            f"the last: {unusable.reason(item)}")
+
+    def _check_skip_share(self, err: ManifestError) -> None:
+        """Refused at load and found at use together, rows may not pass ``max_skip_fraction``."""
+        at_use = len(unusable.found(self.manifest))
+        lost = len(self.skipped.skipped) + at_use
+        total = max(self.skipped.total, len(self.items) + len(self.skipped.skipped))
+        if lost / total > self.max_skip_fraction:
+            raise ManifestError(f"{self.manifest or 'items'}: {lost} of {total} rows are unusable ({at_use} found when "
+                                f"used), more than max_skip_fraction={self.max_skip_fraction}; the last: {err}") from None
 
     def step(self, action: str):
         if self.episode is None or self._obs is None:

@@ -57,6 +57,8 @@ def evaluate_rollouts(
             part, group_size=1, greedy=greedy, seed=seed, positions=positions[start : start + chunk], old_logprobs=False
         )
         for index, episode, score in zip(part, batch.episodes, batch.scores):
+            if episode.item.get("_where") != env.items[index].get("_where"):  # the row was unusable when used
+                continue  # (on_error: skip, agentcap.core.unusable): left out, not counted as the row used instead
             local.append((index, item_row(env, index, episode, score)))
         if progress is not None and part:
             progress(len(local), len(mine))

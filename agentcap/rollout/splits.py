@@ -17,6 +17,7 @@ import numpy as np
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from agentcap.agents.agent import Agent
+from agentcap.core import unusable
 from agentcap.core.registry import check_env_id, check_env_kwargs, make_env
 from agentcap.core.schedule import Stage
 from agentcap.parallel.distributed import world
@@ -72,7 +73,9 @@ class Splits:
     def __init__(self, spec: EnvConfig, agents: Mapping[str, Agent], generation_batch_size: int, seed: int):
         self.spec, self.agents = spec, agents
         self.generation_batch_size, self.seed = generation_batch_size, seed
-        self.skipped_rows: dict[str, int] = {}
+        #: Per split, the rows refused at load and the manifest (rows found unusable at use are added
+        #: by ``skipped_rows``).
+        self._refused: dict[str, tuple[int, str | None]] = {}
         self._drivers: dict[tuple, RolloutDriver] = {}
         self._items: dict[str, list[dict[str, Any]]] = {}
 
@@ -91,8 +94,14 @@ class Splits:
             skipped = driver.scorer.unwrapped.skipped.skipped
             if skipped and world()[0] == 0:
                 rank_zero_warn(f"{split}: skipped {len(skipped)} unusable rows:\n  " + "\n  ".join(skipped[:10]))
-            self.skipped_rows[split] = len(skipped)
+            self._refused[split] = (len(skipped), driver.scorer.unwrapped.manifest)
         return self._drivers[key]
+
+    @property
+    def skipped_rows(self) -> dict[str, int]:
+        """Per split, the rows skipped so far: refused at load, and found unusable when used
+        (``agentcap.core.unusable``, ``on_error: skip``), which grows as training draws rows."""
+        return {split: n + len(unusable.found(manifest)) for split, (n, manifest) in self._refused.items()}
 
     def use_items(self, stage: Stage, items: list[dict[str, Any]]) -> None:
         """The stage's training items from now on; its cached driver (built on older items) is dropped."""
