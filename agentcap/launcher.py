@@ -3,18 +3,21 @@ without importing torch or Lightning (seconds on a busy machine); everything els
 
 ``agentcap fit --help`` is a short page: agentcap's own options and the model's (read from the
 sources of ``agentcap/cli.py`` and ``GRPOModule``, not imported); ``--help=full`` is jsonargparse's
-page with Lightning's Trainer flags (~660 lines).
+page with Lightning's Trainer flags (~660 lines): that page and ``--print_config`` are rendered by
+Lightning once and then printed from ``agentcap.commands.pages`` while their inputs are unchanged.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import os
 import re
 import sys
 import textwrap
 
+from agentcap.commands import pages
 from agentcap.commands.menu import COMMANDS, LIGHT, LIGHTNING, overview, refuse_unknown
 
 HELP = ("-h", "--help")
@@ -37,11 +40,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
     if name in LIGHT:  # envs, plan, data: no Lightning, no torch (agentcap.cli would import both)
         raise SystemExit(run_light(argv))
+    if pages.wanted(argv):  # --help=full, --print_config: the page a first run printed, if nothing changed since
+        page = pages.lookup(argv)  # its key covers every input of the key check below
+        if page is not None:
+            sys.stdout.write(page)
+            raise SystemExit(0)
     if name in LIGHTNING:
         refuse_unknown_keys(argv)  # a typo'd key is refused before Lightning loads (seconds)
     from agentcap.cli import main as run
 
-    run(["--help" if arg == FULL_HELP else arg for arg in argv])
+    with pages.recording(argv) if pages.wanted(argv) else contextlib.nullcontext():
+        run(["--help" if arg == FULL_HELP else arg for arg in argv])
 
 
 def refuse_unknown_keys(argv: list[str]) -> None:

@@ -1,7 +1,8 @@
 """Commands that need no training answer without importing torch or Lightning (issue 35): `agentcap
 envs`, `plan` and a fit refused for an unknown key. Checked by which modules a fresh process loaded,
 not by timings (the machine is shared). `fit --help=full` and `--print_config` are Lightning's own
-pages (jsonargparse reads the Trainer's signature), so they still import it.
+pages (jsonargparse reads the Trainer's signature): the first run renders them with Lightning, later
+runs print the kept page (agentcap.commands.pages) without it, byte for byte, until an input changes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from agentcap.commands import pages
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "lightning", "transformers")
@@ -75,3 +80,64 @@ def test_envs_says_when_a_module_failed_to_import_and_why(tmp_path):
     # the module:PATTERN form, a module not on the path: one line, not a traceback
     code, _, err, _ = agentcap("envs", "nothere_35:*", cwd=tmp_path)
     assert code == 1 and "importing 'nothere_35' failed: ModuleNotFoundError" in err and "Traceback" not in err, err
+
+
+@pytest.mark.slow  # Lightning renders each page once (seconds; minutes on a loaded machine)
+@pytest.mark.parametrize("argv", [("fit", "--help=full"),
+                                  ("fit", "--config", "configs/demo/audiomap.yaml", "--print_config")])
+def test_lightning_pages_are_kept_and_printed_again_without_lightning(tmp_path, argv):
+    cache = {"AGENTCAP_CACHE": str(tmp_path)}
+    code, first, err, loaded = agentcap(*argv, env=cache)
+    assert code == 0 and "lightning" in loaded, err
+    code, again, err, loaded = agentcap(*argv, env=cache)
+    assert code == 0 and loaded == [], f"the kept page imported {loaded}: {err}"
+    assert again == first and len(first.splitlines()) > 50
+
+
+def test_a_page_is_kept_only_when_its_run_succeeds(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTCAP_CACHE", str(tmp_path))
+    argv = ["fit", "--print_config"]
+    with pytest.raises(SystemExit):
+        with pages.recording(argv):
+            print("model:\n  seed: 1")
+            raise SystemExit(0)
+    assert pages.lookup(argv) == "model:\n  seed: 1\n"
+    refused = ["fit", "--model.grup_size", "3", "--print_config"]
+    with pytest.raises(SystemExit):
+        with pages.recording(refused):
+            print("half a page")
+            raise SystemExit(2)
+    assert pages.lookup(refused) is None
+    assert pages.wanted(argv) and pages.wanted(["fit", "--help=full"]) and not pages.wanted(["fit", "--help"])
+    assert not pages.wanted(["envs", "--print_config"])
+    monkeypatch.setenv("AGENTCAP_PAGE_CACHE", "0")
+    assert not pages.wanted(argv)
+
+
+def test_the_page_key_changes_with_every_input(tmp_path, monkeypatch):
+    """Config bytes, a file the config names, the installed distributions, agentcap's sources, the
+    terminal width, jsonargparse's / Lightning's variables, the command line: each a new key."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base.yaml").write_text("model:\n  seed: 1\n")
+    (tmp_path / "my.yaml").write_text("model:\n  seed: 1\n  env: {train: {manifest: base.yaml}}\n")
+    (tmp_path / "pkg" / "agentcap").mkdir(parents=True)
+    (tmp_path / "pkg" / "agentcap" / "module.py").write_text("x = 1\n")
+    monkeypatch.setattr(pages, "SOURCES", tmp_path / "pkg")
+    argv = ["fit", "--config", "my.yaml", "--print_config"]
+    first = pages.key(argv)
+    assert pages.key(argv) == first
+    changes = [
+        lambda: (tmp_path / "my.yaml").write_text("model:\n  seed: 2\n  env: {train: {manifest: base.yaml}}\n"),
+        lambda: (tmp_path / "base.yaml").write_text("model:\n  seed: 22\n"),
+        lambda: monkeypatch.setattr(pages, "_distributions", lambda: ["lightning-2.6.7.dist-info"]),
+        lambda: (tmp_path / "pkg" / "agentcap" / "module.py").write_text("x = 22\n"),
+        lambda: monkeypatch.setenv("COLUMNS", "123"),
+        lambda: monkeypatch.setenv("JSONARGPARSE_DEFAULT_ENV", "true"),
+    ]
+    seen = {first}
+    for change in changes:
+        change()
+        now = pages.key(argv)
+        assert now not in seen
+        seen.add(now)
+    assert pages.key([*argv, "--trainer.max_steps", "3"]) not in seen
