@@ -192,10 +192,10 @@ def fakes():
         fake.close()
 
 
-def fake_for(agent, fakes, **kwargs) -> FakeVLLM:
+def fake_for(agent, fakes, kind: type[FakeVLLM] = FakeVLLM, **kwargs) -> FakeVLLM:
     adapters = agent.adapters
     model = adapters.peft_model if adapters is not None else agent.model
-    fake = FakeVLLM(model, adapter=adapters.name if adapters is not None else None, **kwargs)
+    fake = kind(model, adapter=adapters.name if adapters is not None else None, **kwargs)
     fakes.append(fake)
     return fake
 

@@ -22,10 +22,13 @@ class Generation:
     the learner (HF) leaves them ``None`` and ``Agent.generate`` sets them to the learner's.
     ``text``: the decoded action. ``old_logprobs``: the learner's log-probs (the old policy), ``None``
     when not asked for: the update then takes them from its own first forward
-    (``agentcap.training.old_policy``).
+    (``agentcap.training.old_policy``). ``sampler_version``: the weights that sampled it, where a
+    sampler names them (a served engine's adapter or weight version), so rollouts sampled ahead of
+    the update can be checked against the version they were queued with.
     """
 
     completion_ids: torch.Tensor  # [T]
     sampler_logprobs: torch.Tensor | None = None  # [T]
     text: str = ""
     old_logprobs: torch.Tensor | None = None  # [T]
+    sampler_version: str | None = None

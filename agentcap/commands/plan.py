@@ -13,7 +13,9 @@ before its weights are on disk. Per stage and rank the plan adds:
   34 · tokens · hidden bytes at 16-bit, one layer's worth with gradient checkpointing) plus the
   completion logits in fp32, or the KV cache of the rollout's HF ``generate`` (agents without an
   engine), whichever is larger,
-- the vLLM engines of ``backend: vllm`` agents, awake or asleep by stage (``plan_engines``),
+- the vLLM engines of ``backend: vllm`` agents, awake or asleep by stage (``plan_engines``); those
+  of ``backend: served`` agents hold nothing here: they are placed on the rollout GPUs
+  (``--rollout-gpus``, ``plan_served``), and their agents have no KV cache on the trainer GPUs,
 - rollouts ahead of the update (``max_staleness`` K ≥ 1, GRPO stages): K snapshots of what trains
   (a full fine-tune's weights; a LoRA adapter's, or none on the device for an engine, which keeps
   its adapter snapshots in host memory), and for an HF agent its sampler copy, whose generate
@@ -45,6 +47,7 @@ from agentcap.agents.hub import MissingWeightsError, is_hub_id, resolve_model
 from agentcap.commands.plan_engines import (
     SLEEPING_GIB, Engine, acting_roles, describe, device_bytes, engine_of, engine_specs, engine_states, host_copies,
 )
+from agentcap.commands.plan_served import ServedEngine, gpu_ranges, place, served_specs
 from agentcap.resume.configs import read_config
 
 GIB = 1024**3
@@ -158,9 +161,9 @@ def lora_params(size: ModelSize, peft: dict[str, Any]) -> int:
 
 def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, prompt_tokens: int = 1024,
          world: int | None = None, ranks_per_node: int | None = None, host_gib: float = HOST_GIB,
-         sleeping_gib: float = SLEEPING_GIB) -> list[dict[str, Any]]:
+         sleeping_gib: float = SLEEPING_GIB, rollout_gpus: int = 0) -> list[dict[str, Any]]:
     """One row per stage: every term in bytes for one rank (all ranks are alike), its engines and the
-    host memory of its node."""
+    host memory of its node; served engines on ``rollout_gpus`` GPUs of their own (``plan_served``)."""
     trainer, model = config.get("trainer", {}) or {}, config.get("model", {}) or {}
     strategy = str(trainer.get("strategy", "auto"))
     devices = trainer.get("devices", 1)
@@ -196,6 +199,8 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
     stages = model.get("stages", [])
     engines = engine_specs(agents, {r: s.params for r, s in sizes.items()}, device_gib * GIB)
     states = engine_states(stages, engines, list(agents), env_kwargs)
+    served = place(served_specs(agents, {r: s.params for r, s in sizes.items()}, device_gib * GIB, world), rollout_gpus)
+    remote = {r for r, cfg in agents.items() if cfg.get("backend", "hf") == "served"}  # sample off these GPUs
     # host memory while loading shard by shard: 1/N of every model (a shared base once) in its dtype
     bases = {owners[r]: sizes[r].params * BYTES[agents[r].get("dtype", "float32")] for r in sizes}
     loading = sum(bases.values()) / shard + judge_bytes
@@ -251,13 +256,13 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
             peft = agents[role].get("peft")
             adapter = 4 * lora_params(sizes[role], peft) if peft else 0
             snapshot = adapter if peft else sizes[role].params * dtype(role)
-            if engine_of(role, engines) is not None:  # the engine is the sampler; an adapter's snapshots, and
+            if engine_of(role, engines) is not None or role in remote:  # the engine is the sampler; an adapter's snapshots, and
                 ahead = staleness * (0 if peft or shard > 1 else snapshot)  # sharded weights gathered whole, wait on the host
             else:  # a deep copy of the agent (base and adapter) samples beside the update
                 ahead, overlap = sizes[role].params * dtype(role) + adapter + staleness * snapshot, True
         kv = 0.0  # the rollout: the KV cache of one generate call of each acting HF agent (engines hold their own)
         batch = model.get("generation_batch_size", 64)
-        for r in {r for r in acting_roles(stage, list(agents), env_kwargs) if engine_of(r, engines) is None}:
+        for r in {r for r in acting_roles(stage, list(agents), env_kwargs) if engine_of(r, engines) is None} - remote:
             length = prompt_tokens + agents[r].get("max_new_tokens", 64)
             kv = max(kv, 2 * sizes[r].layers * sizes[r].kv_width * batch * length * act_bytes)
         on_device = device_bytes(engines, state, harvest_awake, sleeping_gib)
@@ -271,7 +276,7 @@ def plan(config: dict[str, Any], root: str = ".", device_gib: float = 141.0, pro
         rows.append({"stage": stage.get("name"), "kind": stage.get("kind"), "agent": role or "-", "ranks": world,
                      "sharded": shard > 1, **terms, "total": total, "device": device_gib * GIB,
                      "largest": max(terms, key=terms.get), "states": state, "harvest awake": harvest_awake,
-                     "specs": engines,
+                     "specs": engines, "served": served, "rollout gpus": rollout_gpus,
                      "engine copies": copies, "loading": loading, "host": host, "ranks per node": per_node,
                      "host per node": host * per_node, "host memory": host_gib * GIB})
     return rows
@@ -306,6 +311,14 @@ def engine_table(engines: dict[str, Engine], sleeping_gib: float) -> str:
              gib(e.weights), "0.0" if e.sleeps else "no sleep mode"] for e in engines.values()]
     return markdown(["engine", "dtype", "weights", "kv cache ≤", "awake", "sleep frees", "host at level 1",
                      "host at level 2"], body)
+
+
+def served_table(served: list[ServedEngine]) -> str:
+    """Each served agent's servers: where they go on the rollout GPUs and what one GPU holds (GiB)."""
+    body = [[" + ".join(e.roles), e.servers, e.tp, gpu_ranges(e), e.dtype, gib(e.weights), gib(e.reserve - e.weights),
+             gib(e.reserve)] for e in served]
+    return markdown(["served engine", "servers", "GPUs each", "rollout GPUs (per server)", "dtype", "weights / GPU",
+                     "kv cache ≤ / GPU", "reserved / GPU"], body)
 
 
 def host_table(rows: list[dict[str, Any]]) -> str:
@@ -343,6 +356,11 @@ def report(config_path: str, config: dict[str, Any], rows: list[dict[str, Any]],
     if engines:
         parts += ["", f"vLLM engines per rank (GiB; a sleeping engine keeps {args.sleeping_engine:g} GiB "
                   "on the device):", "", engine_table(engines, args.sleeping_engine)]
+    served = rows[0]["served"] if rows else []
+    if served:
+        used = sum(e.need for e in served)
+        parts += ["", f"Served engines on the rollout GPUs ({used} of {rows[0]['rollout gpus']} used, "
+                  f"{args.device_memory:g} GiB each; nothing of theirs on the trainer GPUs):", "", served_table(served)]
     if rows:
         parts += ["", f"Engines and host memory per stage (GiB; {rows[0]['ranks per node']} ranks per node, "
                   f"{args.host_memory:g} GiB per node):", "", host_table(rows)]
@@ -367,6 +385,8 @@ def plan_command(argv: list[str]) -> int:
                         help=f"GiB of host memory per node (default: {HOST_GIB:g}, a DGX H200's 2 TB)")
     parser.add_argument("--sleeping-engine", type=float, default=SLEEPING_GIB,
                         help=f"GiB a sleeping vLLM engine keeps on the device (default: {SLEEPING_GIB:g})")
+    parser.add_argument("--rollout-gpus", type=int, default=0,
+                        help="GPUs for served engines (backend: served), apart from the trainer GPUs")
     parser.add_argument("--dtype", choices=sorted(BYTES), default=None, help="override every agent's dtype")
     args = parser.parse_args(argv)
     config = read_config(args.config, "agentcap plan")
@@ -375,7 +395,7 @@ def plan_command(argv: list[str]) -> int:
             cfg["dtype"] = args.dtype
     try:
         rows = plan(config, args.root, args.device_memory, args.prompt_tokens, args.world, args.ranks_per_node,
-                    args.host_memory, args.sleeping_engine)
+                    args.host_memory, args.sleeping_engine, args.rollout_gpus)
     except (FileNotFoundError, ValueError, KeyError) as err:  # ConfigError is a ValueError
         print(f"agentcap plan: {args.config}: {err}", file=sys.stderr)
         if isinstance(err, FileNotFoundError) and args.root == "." and os.path.isdir(STAND_INS):

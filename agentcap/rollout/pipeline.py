@@ -5,8 +5,10 @@ Within a GRPO stage the rollouts R_s of step s are sampled with the trainable ag
 background thread samples R_{s+1} … R_{s+K}, in order, while the main thread updates θ_s → θ_{s+1}
 with R_s. Each queued batch carries a snapshot of the trainable tensors it must be sampled with; the
 worker loads it into the trainable agent's sampler (``agentcap.agents.backends.snapshot``: a copy of
-an HF agent, or the agent's vLLM engine) just before it starts that batch, so the sampler never
-changes mid-generation. Frozen agents act with their own weights, which do not change within a stage. Nothing is queued past the stage's last GRPO step and
+an HF agent, the agent's vLLM engine, or its served engines, which hold each version under a name of
+its own while batches queued with it are in flight) just before it starts that batch, so the sampler
+never changes mid-generation. :meth:`RolloutPipeline.take` refuses a batch more than K steps old, or
+one whose generations name another version than the one it was queued with. Frozen agents act with their own weights, which do not change within a stage. Nothing is queued past the stage's last GRPO step and
 :meth:`RolloutPipeline.begin` drains the queue, so no rollout crosses a stage boundary.
 
 With K = 0 :meth:`RolloutPipeline.take` runs the rollout inline: no thread, no copy.
@@ -21,6 +23,7 @@ from typing import Any, ContextManager
 
 
 from agentcap.agents.agent import Agent, AgentConfig
+from agentcap.agents.backends.served import ServedBackend
 from agentcap.agents.backends.snapshot import sampler_copy
 from agentcap.agents.backends.vllm import VLLMBackend
 from agentcap.core.settings import ConfigError
@@ -29,6 +32,13 @@ from agentcap.rollout.driver import RolloutBatch
 #: ``request(step)`` is called in the main thread (items, seeds: anything that may talk to other
 #: ranks); the callable it returns rolls out, in the worker, with ``stand_ins`` acting for their roles.
 Request = Callable[[int], Callable[[Mapping[str, Agent] | None], RolloutBatch]]
+
+#: backends that sample in a second thread while the learner updates
+AHEAD = ("hf", "vllm", "served")
+
+
+class StaleRolloutError(RuntimeError):
+    """A batch sampled with other weights than those it was queued with, or older than K steps."""
 
 
 class RolloutPipeline:
@@ -55,18 +65,20 @@ class RolloutPipeline:
                 continue
             # roles on one base sample through one vLLM engine (an adapter per role), which never switches
             # the shared model's adapter; HF generate would, in the rollout thread, while the update runs it
-            hf = [r for r in (owner, role) if r in agents and agents[r].backend != "vllm"]
+            hf = [r for r in (owner, role) if r in agents and agents[r].backend not in ("vllm", "served")]
             if hf:
                 raise ConfigError(
                     f"--model.max_staleness {max_staleness}: agents.{role}.share_base_with is {owner!r}, and "
                     f"agents.{hf[0]}.backend is {agents[hf[0]].backend!r}: HF generate switches adapters on the "
                     "shared model, which the update and the rollout thread would do at once; set backend: vllm "
-                    "on every role of the base (one engine holds it, with an adapter per role), or use max_staleness 0"
+                    "(or served) on every role of the base (one engine holds it, with an adapter per role), or use "
+                    "max_staleness 0"
                 )
-            if config.backend not in ("hf", "vllm"):
+        for role, config in agents.items():
+            if config.backend not in AHEAD:
                 raise ConfigError(
                     f"--model.max_staleness {max_staleness}: agents.{role}.backend {config.backend!r} cannot "
-                    "sample ahead of the update (hf and vllm can); use max_staleness 0"
+                    f"sample ahead of the update ({', '.join(AHEAD)} can); use max_staleness 0"
                 )
 
     @staticmethod
@@ -81,10 +93,12 @@ class RolloutPipeline:
         hf = sorted(name for name, agent in (agents or {}).items() if not isinstance(agent.backend, VLLMBackend))
         if agents is None or hf:
             named = ", ".join(f"agents.{name}.backend" for name in hf) or "an agent's backend"
+            kind = "served" if hf and all(isinstance(agents[n].backend, ServedBackend) for n in hf) else "hf"
+            why = ("served engines are not offered ahead of the update under grpo_fsdp yet" if kind == "served" else
+                   "a sharded agent's generate is a collective, which the rollout thread would run against the update's")
             raise ConfigError(
                 f"--model.max_staleness {max_staleness} under --trainer.strategy grpo_fsdp needs every agent to "
-                f"sample through a vLLM engine, but {named} is hf (a sharded agent's generate is a collective, "
-                "which the rollout thread would run against the update's); set backend: vllm, or use "
+                f"sample through a vLLM engine, but {named} is {kind} ({why}); set backend: vllm, or use "
                 "max_staleness 0, or grpo_ddp / ddp"
             )
 
@@ -104,7 +118,7 @@ class RolloutPipeline:
             self._sampler = sampler_copy(agent)
             self._context = context or contextlib.nullcontext
             for other in acting:
-                if other is not agent and isinstance(other.backend, VLLMBackend):
+                if other is not agent and isinstance(other.backend, (VLLMBackend, ServedBackend)):
                     other.backend.prepare()
 
     def take(self, step: int, last_step: int, agent: Agent, request: Request) -> tuple[RolloutBatch, int]:
@@ -122,9 +136,30 @@ class RolloutPipeline:
                 snapshot, version = self._saved.pop(later, None) or (self._sampler.backend.snapshot(agent), step)
                 self._submit(later, request(later), snapshot, version)
         future, _, version = self._pending.pop(step)
-        return future.result(), step - version
+        if step - version > self.max_staleness:
+            raise StaleRolloutError(f"step {step}: its rollouts were queued with the weights of step {version}, "
+                                    f"{step - version} steps old (max_staleness {self.max_staleness})")
+        batch = future.result()
+        self._check_version(batch, step, version)
+        return batch, step - version
+
+    def _check_version(self, batch: RolloutBatch, step: int, version: int) -> None:
+        """Every generation of the trainable agent names the version its batch was queued with, where the
+        sampler names versions (served engines: the adapter, or the weight version, each reply came from)."""
+        sampler = self._sampler
+        expected = getattr(sampler.backend, "expected", None)
+        if expected is None or not isinstance(batch, RolloutBatch):
+            return
+        want = expected(version)
+        seen = sorted({str(s.sampler_version) for s in batch.spans if s.agent == sampler.name} - {want})
+        if seen:
+            raise StaleRolloutError(f"agents.{sampler.name}: step {step}'s rollouts were queued with {want!r} "
+                                    f"(the weights of step {version}) but came from {seen}")
 
     def _submit(self, step: int, run, snapshot: dict[str, Any], version: int) -> None:
+        queued = getattr(self._sampler.backend, "queued", None)  # a served sampler keeps the version loaded
+        if queued is not None:
+            queued(version)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="agentcap-rollout")
         future = self._executor.submit(self._rollout, run, snapshot, version)
@@ -134,20 +169,31 @@ class RolloutPipeline:
         """In the worker thread: the sampler takes the batch's weights, then rolls it out."""
         sampler = self._sampler
         assert sampler is not None
-        with self._context():
-            sampler.backend.load(snapshot, version)
-            return run({sampler.name: sampler})
+        try:
+            with self._context():
+                sampler.backend.load(snapshot, version)
+                return run({sampler.name: sampler})
+        finally:
+            self._finished(sampler, version)
+
+    @staticmethod
+    def _finished(sampler: Agent, version: int) -> None:
+        finished = getattr(sampler.backend, "finished", None)
+        if finished is not None:
+            finished(version)
 
     def drain(self) -> None:
         """Cancel queued batches and wait for the one being sampled; their results (and errors) are
         dropped: the stage that wanted them is over."""
-        for future, _, _ in self._pending.values():
-            future.cancel()
+        cancelled = [version for future, _, version in self._pending.values() if future.cancel()]
         for future, _, _ in self._pending.values():
             if not future.cancelled():
                 with contextlib.suppress(Exception):
                     future.result()
         self._pending.clear()
+        if self._sampler is not None:
+            for version in cancelled:  # never ran: their versions are released here, after the one running
+                self._finished(self._sampler, version)
 
     def close(self) -> None:
         """Drain and stop the worker thread (the fit ended)."""

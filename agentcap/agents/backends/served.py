@@ -38,8 +38,10 @@ Faults, each one line naming the URL (:class:`ServedEngineError` unless noted):
 
 A rollout batch is used only if every reply names the version just synced (the adapter's name; for
 full weights the server's weight version is read before and after the batch), so nothing is trained
-on samples from other weights. Rollouts ahead of the update (``max_staleness`` ≥ 1) are not offered
-with this backend yet.
+on samples from other weights; each generation records that version (``sampler_version``).
+Rollouts ahead of the update (``max_staleness`` ≥ 1) install each batch's snapshot as a version of
+its own through :meth:`ServedBackend.install` and sample it with :meth:`ServedBackend.sample_as`
+(``backends.served_ahead`` keeps the versions in flight).
 """
 
 from __future__ import annotations
@@ -306,15 +308,18 @@ class ServedBackend:
                                     "syncs need VLLM_SERVER_DEV_MODE=1 on the server") from None
         return None if version is None else str(version)
 
-    def _still_ours(self, client: RolloutClient) -> None:
-        """Before a sync or a batch: the server still holds what the last sync gave it, and no one else's."""
+    def _still_ours(self, client: RolloutClient, keep: Sequence[str] = ()) -> None:
+        """Before a sync or a batch: the server still holds what the last sync gave it (and ``keep``: the
+        adapters of rollouts in flight), and no one else's."""
         held = self.held.get(client.url)
         if self.adapter is not None:
             names = [c["id"] for c in self._models(client)]
             self._not_shared(client, names)
-            if held is not None and held not in names:
-                raise ServedEngineError(f"{self.where}: {client.url} restarted since sync {self.version}: its adapter "
-                                        f"{held!r} is gone; resume from the last checkpoint (the next sync loads it again)")
+            for name in ([held] if held is not None else []) + list(keep):
+                if name not in names:
+                    raise ServedEngineError(f"{self.where}: {client.url} restarted since sync {self.version}: its "
+                                            f"adapter {name!r} is gone; resume from the last checkpoint (the next sync "
+                                            "loads it again)")
             return
         version = self._weight_version(client)
         if version is not None and version.startswith("agentcap-") and not _is_ours(version):
@@ -368,16 +373,62 @@ class ServedBackend:
         self.syncs += 1
         return sent
 
+    @torch.no_grad()
+    def install(self, weights: dict[str, torch.Tensor], learner: torch.Tensor, keep: Sequence[str] = ()) -> str:
+        """In the rollout thread (``max_staleness`` ≥ 1, ``backends.served_ahead``): a snapshot's adapter (or
+        weights) as a version of its own on every server, verified on the probe against the learner's
+        log-probs the snapshot carries; returns that version's name (an adapter's, or the weight version).
+        Older adapters stay loaded: ``keep``, those of rollouts in flight, must still be on every server
+        (else it restarted), and :meth:`unload` drops each once its rollouts are done."""
+        servers = self.servers
+        for client in servers:
+            self._still_ours(client, keep)
+        self.version += 1
+        if self.adapter is not None:
+            self.adapter.save(weights)
+            name = self.held_name
+            for client in servers:
+                self._post_adapter(client, name)
+        else:
+            self._write_weights(weights)
+            for client in servers:
+                self._reload_weights(client)
+            name = self.held[servers[0].url]
+        for client in servers:
+            engine = self._score(client, self.probe.prompt_ids, self.probe.completion_ids, self.model_of(name))
+            self.gap = check_sync(f"agents.{self.agent.name}", self.version, engine, learner, self.tolerance)
+        self.stale = True  # the servers hold an older version than the learner's: a use outside the stage syncs
+        self.syncs += 1
+        return name
+
+    def check_held(self, keep: Sequence[str] = ()) -> None:
+        """Every server still holds what this trainer gave it (and ``keep``), nothing of another's."""
+        for client in self.servers:
+            self._still_ours(client, keep)
+
+    def model_of(self, version: str) -> str:
+        """The model rollouts of ``version`` ask for: the adapter of that name, or the base (full weights)."""
+        return version if self.adapter is not None else self.name
+
+    def unload(self, name: str) -> None:
+        """Drop adapter ``name`` (one :meth:`install` loaded) from every server, and its folder."""
+        for client in self.servers:
+            self._unload(client, name)
+        version = int(name.rsplit(".v", 1)[1])
+        shutil.rmtree(self.adapter.folder(version), ignore_errors=True)
+        self.adapter.ids.pop(version, None)
+
     def _write_adapter(self) -> int:
         return self.adapter.save()
 
-    def _write_weights(self) -> int:
+    def _write_weights(self, weights: dict[str, torch.Tensor] | None = None) -> int:
+        """The learner's weights (``weights``: a snapshot's, every tensor by name) as version ``self.version``."""
         from safetensors.torch import save_file
 
         folder = os.path.join(self.root, f"v{self.version}")
         os.makedirs(folder)
         sent = 0
-        for index, group in enumerate(layers(self.agent.model)):  # one decoder layer in memory at a time
+        for index, group in enumerate(layers(self.agent.model, weights)):  # one decoder layer in memory at a time
             save_file({name: t.to("cpu").contiguous() for name, t in group}, os.path.join(folder, f"part-{index:05d}.safetensors"))
             sent += len(group)
         old = os.path.join(self.root, f"v{self.version - 1}")
@@ -386,18 +437,26 @@ class ServedBackend:
 
     def _load_adapter(self, client: RolloutClient) -> None:
         name, previous = self.held_name, self.held.get(client.url)
+        self._post_adapter(client, name)
+        self.held[client.url] = name
+        if previous is not None:
+            self._unload(client, previous)
+
+    def _post_adapter(self, client: RolloutClient, name: str) -> None:
+        """Load the newest adapter folder into ``client``'s server as ``name``."""
         try:
             client.post("/load_lora_adapter", {"lora_name": name, "lora_path": self.adapter.folder(self.adapter.version)})
         except Refused as error:
             hint = ("runtime LoRA loading is off: start the server with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and "
                     "--enable-lora" if error.status == 404 else error.body[:200])
             raise ServedEngineError(f"{self.where}: {client.url} did not load adapter {name!r} ({error.status}): {hint}") from None
-        self.held[client.url] = name
-        if previous is not None:
-            try:
-                client.post("/unload_lora_adapter", {"lora_name": previous})
-            except Refused:
-                pass  # already gone; the next check of the server names a restart if it matters
+
+    @staticmethod
+    def _unload(client: RolloutClient, name: str) -> None:
+        try:
+            client.post("/unload_lora_adapter", {"lora_name": name})
+        except Refused:
+            pass  # already gone; the next check of the server names a restart if it matters
 
     def _reload_weights(self, client: RolloutClient) -> None:
         folder = os.path.join(self.root, f"v{self.version}")
@@ -413,34 +472,42 @@ class ServedBackend:
                                     f"({error.status}): {hint}") from None
         self.held[client.url] = tag
 
-    def _score(self, client: RolloutClient, prompt: Sequence[int], completion: Sequence[int]) -> torch.Tensor:
-        """The server's log-probs of ``completion`` after ``prompt`` (token ids), at temperature 1."""
+    def _score(self, client: RolloutClient, prompt: Sequence[int], completion: Sequence[int],
+               model: str | None = None) -> torch.Tensor:
+        """The server's log-probs of ``completion`` after ``prompt`` (token ids), at temperature 1, by
+        ``model`` (default: the last sync's)."""
         ids = list(prompt) + list(completion)
         read = functools.partial(given_logprobs, prompt=prompt, tokens=completion)
-        payload = {"model": self.model_for(), "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
-        result = self._ask(client, [payload], read)[0]
+        model = model or self.model_for()
+        payload = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0}
+        result = self._ask(client, [payload], read, model)[0]
         if isinstance(result, Invalid):
             raise ServedEngineError(f"{self.where}: {client.url} gave no log-probs of the probe ({result.reason})")
         return torch.tensor(result, dtype=torch.float32)
 
-    def _ask(self, client: RolloutClient, payloads: list[dict[str, Any]], read) -> list[Any]:
-        """``/v1/completions`` requests; a 404 for our adapter names the restart that lost it."""
+    def _ask(self, client: RolloutClient, payloads: list[dict[str, Any]], read, model: str | None = None) -> list[Any]:
+        """``/v1/completions`` requests (for ``model``: default the last sync's); a 404 for our adapter names
+        the restart that lost it."""
         try:
             return client.map("/completions", payloads, validate=read)
         except Refused as error:
             if error.status == 404 and self.adapter is not None:
                 raise ServedEngineError(f"{self.where}: {client.url} restarted since sync {self.version}: its adapter "
-                                        f"{self.held_name!r} is gone ({error.body[:120]})") from None
+                                        f"{model or self.held_name!r} is gone ({error.body[:120]})") from None
             raise
 
     def sample(self, observations: Sequence[dict[str, Any]], inputs: dict[str, Any], greedy: bool,
                seeds: Sequence[int] | None = None) -> list[Generation]:
         if self.stale:
             self.sync()
-        agent = self.agent
+        return self.sample_as(self.agent, observations, greedy, seeds, self.model_for())
+
+    def sample_as(self, agent, observations: Sequence[dict[str, Any]], greedy: bool, seeds: Sequence[int] | None,
+                  model: str) -> list[Generation]:
+        """Sample by ``model`` (an adapter name, or the base) as the servers hold it now, prompts tokenised
+        by ``agent`` (this agent, or the rollout thread's stand-in for it); no sync."""
         if seeds is None:  # as the in-process engine: per-row seeds from torch's generator
             seeds = torch.randint(0, 2**31 - 1, (len(observations),)).tolist()
-        model = self.model_for()
         payloads = []
         for observation, seed in zip(observations, seeds):
             ids = agent.tokenizer(agent.family.prompt_text(observation["messages"]), add_special_tokens=False)["input_ids"]
@@ -453,29 +520,34 @@ class ServedBackend:
         servers = self.servers
         shares = [payloads[i::len(servers)] for i in range(len(servers))]
         with ThreadPoolExecutor(len(servers)) as pool:
-            replies = list(pool.map(self._batch, servers, shares))
+            replies = list(pool.map(functools.partial(self._batch, model=model), servers, shares))
         results: list[Generation | None] = [None] * len(payloads)
         for s, share in enumerate(replies):
             for j, generation in enumerate(share):
                 results[s + j * len(servers)] = generation
         return results  # type: ignore[return-value]
 
-    def _batch(self, client: RolloutClient, payloads: list[dict[str, Any]]) -> list[Generation]:
-        """One server's share of a batch, used only if the server held this version throughout."""
+    def _batch(self, client: RolloutClient, payloads: list[dict[str, Any]], model: str) -> list[Generation]:
+        """One server's share of a batch, used only if the server held this version throughout: every reply
+        names ``model`` (an adapter's name), or the weight version did not change during the batch."""
         if not payloads:
             return []
         full = self.adapter is None
         if full:
             self._still_ours(client)
-        replies = self._ask(client, payloads, _read_completion)
+        replies = self._ask(client, payloads, _read_completion, model)
         if full:
             self._still_ours(client)  # weights swapped mid-batch: the batch is not used
+        version = model if not full else self.held.get(client.url)
         out = []
         for reply in replies:
             if isinstance(reply, Invalid):
                 raise ServedEngineError(f"{self.where}: {client.url} gave an invalid rollout ({reply.reason})")
-            ids, logprobs = reply
-            out.append(Generation(torch.tensor(ids, dtype=torch.long), sampler_logprobs=torch.tensor(logprobs)))
+            ids, logprobs, answered = reply
+            if answered is not None and answered != model:
+                raise ServedEngineError(f"{self.where}: {client.url} answered a rollout for {model!r} with {answered!r}")
+            out.append(Generation(torch.tensor(ids, dtype=torch.long), sampler_logprobs=torch.tensor(logprobs),
+                                  sampler_version=version))
         return out
 
     def close(self) -> None:
@@ -484,8 +556,9 @@ class ServedBackend:
             self.loopback.stop()
 
 
-def _read_completion(reply: Any) -> tuple[list[int], list[float]]:
-    """(token ids, their log-probs) of a ``return_token_ids`` completion with ``logprobs: 0``."""
+def _read_completion(reply: Any) -> tuple[list[int], list[float], str | None]:
+    """(token ids, their log-probs, the model the server says answered) of a ``return_token_ids``
+    completion with ``logprobs: 0``."""
     choice = first_choice(reply)
     ids = choice.get("token_ids")
     if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
@@ -495,7 +568,8 @@ def _read_completion(reply: Any) -> tuple[list[int], list[float]]:
     if not isinstance(logprobs, list) or len(logprobs) != len(ids):
         raise InvalidReply(f"token_logprobs for {len(logprobs) if isinstance(logprobs, list) else 'no'} tokens, "
                            f"not {len(ids)}")
-    return ids, [finite_logprob(lp, f"the log-prob of token {t}") for lp, t in zip(logprobs, ids)]
+    model = reply.get("model") if isinstance(reply, dict) else None
+    return ids, [finite_logprob(lp, f"the log-prob of token {t}") for lp, t in zip(logprobs, ids)], model
 
 
 def _rank() -> tuple[int, int]:

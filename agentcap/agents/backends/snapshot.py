@@ -15,6 +15,9 @@ sampler just before the batch that must be sampled with it, never during a gener
   stand-in shares the learner's model (never run) and engine and copies only what a second thread
   must not share (tokenizer, processor: a fast tokenizer is not thread-safe). Each snapshot goes
   into the engine as a verified sync (``backends.vllm``, :meth:`VLLMBackend.load_snapshot`).
+- served backend (``backends.served_ahead.ServedAhead``): the same stand-in, driving the learner's
+  ``vllm serve`` processes; each snapshot goes in as a named version of its own, kept loaded while
+  batches queued with it are in flight.
 
 Either way each batch in flight keeps one snapshot of the trainable tensors (a LoRA agent's: its
 adapter) until it is sampled.
@@ -29,6 +32,8 @@ from typing import Any
 import torch
 
 from agentcap.agents.backends.hf import HFBackend
+from agentcap.agents.backends.served import ServedBackend
+from agentcap.agents.backends.served_ahead import ServedAhead
 from agentcap.agents.backends.vllm import VLLMBackend
 from agentcap.agents.backends.weights import trainable_weights
 from agentcap.agents.generation import Generation
@@ -51,7 +56,13 @@ def sampler_copy(agent):
         twin.trainable = False  # not set_trainable: that would freeze the learner's shared model
         twin.backend = EngineSnapshot(twin, backend)
         return twin
-    raise ValueError(f"agents.{agent.name}: rollouts ahead of the update need an hf or vllm backend "
+    if isinstance(backend, ServedBackend):
+        backend.servers, backend.probe  # connected and checked here, in the main thread
+        twin = copy.deepcopy(agent, {id(agent.model): agent.model, id(backend): backend})
+        twin.trainable = False
+        twin.backend = ServedAhead(twin, backend)
+        return twin
+    raise ValueError(f"agents.{agent.name}: rollouts ahead of the update need an hf, vllm or served backend "
                      f"(got {type(backend).__name__})")
 
 
