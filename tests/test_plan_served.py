@@ -3,13 +3,15 @@ trainer GPUs; refused without rollout GPUs, or too few."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import yaml
 
 from test_plan import recipe, refused
 
 from agentcap.commands.plan import model_size, plan, plan_command
-from agentcap.commands.plan_served import gpu_ranges
+from agentcap.commands.plan_served import as_served, gpu_ranges
 from agentcap.core.settings import ConfigError
 
 URLS = ["http://rollouts:8000/v1", "http://rollouts:8001/v1"]
@@ -69,3 +71,27 @@ def test_no_or_too_few_rollout_gpus_are_refused(tmp_path, capsys):
     assert "none are given: --rollout-gpus 4" in refused(tmp_path, capsys, config)
     config["model"]["agents"]["policy"]["vllm"]["gpu_memory_utilization"] = 1e-6
     assert "no room for a KV cache" in refused(tmp_path, capsys, config, "--rollout-gpus", "8")
+
+
+def test_serve_rollouts_moves_in_process_engines_to_the_rollout_gpus(tmp_path, capsys):
+    """--serve-rollouts: a recipe written for backend: vllm, planned with its engines as servers of their
+    own, one per trainer rank; the trainer GPUs lose the engines."""
+    config = recipe(tmp_path, devices=2, peft={"r": 8})
+    config["model"]["stages"] = [{"name": "grpo", "kind": "grpo", "agent": "policy"}]
+    config["model"]["agents"]["policy"].update(backend="vllm", vllm={"dtype": "bfloat16"})
+    in_process = plan(config, str(tmp_path), prompt_tokens=32)[0]
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = ["--config", str(path), "--root", str(tmp_path), "--prompt-tokens", "32", "--serve-rollouts"]
+    assert plan_command(argv) == 2
+    assert "none are given: --rollout-gpus 2" in capsys.readouterr().err
+    assert plan_command([*argv, "--rollout-gpus", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| policy | 2 | 1 | 0, 1 | bfloat16 |" in out  # one server per rank
+    served = copy.deepcopy(config)
+    assert as_served(served) == ["policy"] and served["model"]["agents"]["policy"]["vllm"]["served"] == {"start": 1}
+    assert plan(served, str(tmp_path), prompt_tokens=32, rollout_gpus=2)[0]["engines"] == 0 < in_process["engines"]
+    del config["model"]["agents"]["policy"]["backend"]
+    path.write_text(yaml.safe_dump(config))
+    assert plan_command(argv) == 2
+    assert "--serve-rollouts: no agent has backend: vllm" in capsys.readouterr().err

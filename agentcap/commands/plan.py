@@ -47,7 +47,7 @@ from agentcap.agents.hub import MissingWeightsError, is_hub_id, resolve_model
 from agentcap.commands.plan_engines import (
     SLEEPING_GIB, Engine, acting_roles, describe, device_bytes, engine_of, engine_specs, engine_states, host_copies,
 )
-from agentcap.commands.plan_served import ServedEngine, gpu_ranges, place, served_specs
+from agentcap.commands.plan_served import ServedEngine, as_served, gpu_ranges, place, served_specs
 from agentcap.resume.configs import read_config
 
 GIB = 1024**3
@@ -387,12 +387,18 @@ def plan_command(argv: list[str]) -> int:
                         help=f"GiB a sleeping vLLM engine keeps on the device (default: {SLEEPING_GIB:g})")
     parser.add_argument("--rollout-gpus", type=int, default=0,
                         help="GPUs for served engines (backend: served), apart from the trainer GPUs")
+    parser.add_argument("--serve-rollouts", action="store_true",
+                        help="plan the backend: vllm agents as backend: served instead (vllm serve processes on "
+                        "--rollout-gpus, one per trainer rank unless vllm.served names servers)")
     parser.add_argument("--dtype", choices=sorted(BYTES), default=None, help="override every agent's dtype")
     args = parser.parse_args(argv)
     config = read_config(args.config, "agentcap plan")
     if args.dtype:
         for cfg in ((config.get("model") or {}).get("agents") or {}).values():
             cfg["dtype"] = args.dtype
+    if args.serve_rollouts and not as_served(config):
+        print(f"agentcap plan: {args.config}: --serve-rollouts: no agent has backend: vllm", file=sys.stderr)
+        return 2
     try:
         rows = plan(config, args.root, args.device_memory, args.prompt_tokens, args.world, args.ranks_per_node,
                     args.host_memory, args.sleeping_engine, args.rollout_gpus)

@@ -10,6 +10,10 @@ in-process engine: ``plan_engines``). Servers per agent: ``len(vllm.served.urls)
 ``share_base_with`` a served role ride on its servers (an adapter each). GPUs are handed out in the
 config's order of agents, server after server; a plan with served agents and no rollout GPUs, or too
 few, is refused in one line.
+
+``--serve-rollouts`` plans a recipe written for in-process engines (``backend: vllm``, as
+``configs/acecap.yaml``) with those engines moved to servers of their own (:func:`as_served`), the
+same change a fit makes with ``--model.agents.<role>.backend served`` and ``vllm.served``.
 """
 
 from __future__ import annotations
@@ -74,6 +78,24 @@ def served_specs(agents: dict[str, dict[str, Any]], params: dict[str, int], devi
         roles = (role, *[r for r, owner in riders.items() if owner == role])
         specs.append(ServedEngine(roles, servers, tp, dtype, weights, share * device))
     return specs
+
+
+def as_served(config: dict[str, Any]) -> list[str]:
+    """Every ``backend: vllm`` agent of ``config`` as ``backend: served`` (in place), one server per
+    trainer rank (``served.start: 1``, each rank drives its own) unless its ``vllm.served`` names
+    servers already; returns the roles changed. Its other engine options (dtype,
+    ``gpu_memory_utilization``, ``tensor_parallel_size``) are kept, now for a rollout GPU."""
+    changed = []
+    for role, cfg in ((config.get("model") or {}).get("agents") or {}).items():
+        if cfg.get("backend", "hf") != "vllm":
+            continue
+        options = cfg.setdefault("vllm", {}) or {}
+        served = options.get("served") or {}
+        if not (served.get("urls") or served.get("start")):
+            options["served"] = {**served, "start": 1}
+        cfg.update(backend="served", vllm=options)
+        changed.append(role)
+    return changed
 
 
 def place(specs: list[ServedEngine], rollout_gpus: int) -> list[ServedEngine]:
