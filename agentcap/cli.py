@@ -24,7 +24,9 @@ from agentcap.agents.agent import MissingWeightsError
 from agentcap.commands.menu import COMMANDS, did_you_mean, refuse_unknown
 from agentcap.core.manifests import ManifestError
 from agentcap.core.settings import ConfigError
+from agentcap.judges.replies import TooManyInvalidReplies
 from agentcap.parallel import watchdog
+from agentcap.parallel.http_client import ServerUnavailable
 from agentcap.parallel.loading import load_by_shard
 from agentcap.parallel.signals import StopOnSignal, stop_on_signals
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint, usable_checkpoint
@@ -389,6 +391,12 @@ def main(argv: list[str] | None = None) -> None:
         hint = _demo_hint(argv) if isinstance(err, MissingWeightsError) else ""
         print(f"agentcap: {err}{hint}", file=sys.stderr)
         raise SystemExit(1 if isinstance(err, NonFiniteError) else 2) from None
+    except (TooManyInvalidReplies, ServerUnavailable) as err:
+        # a served judge that answers nonsense or not at all: its one line names the URL and model
+        if os.environ.get(DEBUG):
+            raise
+        print(f"agentcap: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
     except (OSError, RuntimeError) as err:
         # a dead or silent rank broke a collective: RankWatchdog named it in one line, not gloo's traceback
         if watchdog.failure()[0] and not os.environ.get(DEBUG):

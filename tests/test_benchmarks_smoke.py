@@ -58,3 +58,13 @@ def test_smoke(name, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for expected in EXPECT[name]:
         assert expected in done.stdout, (expected, done.stdout[-3000:])
+
+
+@pytest.mark.slow  # three `agentcap` processes (each imports torch)
+def test_repro_faults_smoke(tmp_path):
+    """tools/repro_faults.py (issue 34's cases, reproduced) runs its fast cases and finds none wrong."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "tools/repro_faults.py", "--smoke"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "| 8a | fit --config a 50 MB" in done.stdout and "0 still wrong" in done.stdout, done.stdout[-3000:]

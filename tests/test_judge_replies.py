@@ -42,8 +42,9 @@ MODES = {
 
 @pytest.fixture
 def judge_server():
-    """Answers ``/v1/chat/completions`` by the mode the caption names; ``/tokenize`` one id per letter.
-    ``state["repaired"]`` makes every mode answer "B" properly; ``asked`` counts requests per mode."""
+    """Answers ``/v1/chat/completions`` by the mode the caption names (``state["always"]``: that mode,
+    whatever the caption); ``/tokenize`` one id per letter. ``state["repaired"]`` makes every mode
+    answer "B" properly; ``asked`` counts requests per mode."""
     asked: Counter = Counter()
     state = {"repaired": False}
 
@@ -54,7 +55,8 @@ def judge_server():
                 body = json.dumps({"tokens": [ord(payload["prompt"])]})
             else:
                 text = payload["messages"][-1]["content"]
-                mode = next(m for m in sorted(MODES, key=len, reverse=True) if f"Caption: {m} " in text)
+                mode = state.get("always") or next(m for m in sorted(MODES, key=len, reverse=True)
+                                                   if f"Caption: {m} " in text)
                 asked[mode] += 1
                 body = MODES["good" if state["repaired"] else mode]()
             data = body.encode()
@@ -195,3 +197,45 @@ def test_local_benchmark_judge_reads_non_finite_scores_as_invalid():
     out = _best_letters([[0.0, float("nan")] + [0.0] * 8, [-1.0, -0.5] + [float("nan")] * 8,
                          [float("inf"), 0.0] + [0.0] * 8], asks)
     assert isinstance(out[0], Invalid) and out[1] == "B" and isinstance(out[2], Invalid)
+
+
+# --- the commands: one line, no traceback ---------------------------------------------------------------
+def test_evaluate_benchmark_past_the_share_is_one_line_naming_the_judge(judge_server, tmp_path, capsys):
+    """``TooManyInvalidReplies`` reached the user as a traceback (tools/repro_faults.py case 1c)."""
+    from agentcap.commands.evaluate import evaluate_command
+
+    url, _, state = judge_server
+    state["always"] = "nan"
+    bench, captions = tmp_path / "bench.jsonl", tmp_path / "captions.jsonl"
+    bench.write_text("".join(json.dumps({"id": f"q{i}", "audio": f"c{i}.wav", "question": "What sounds?",
+                                         "choices": ["beep", "hiss"], "answer": "B", "answer_text": "hiss", "benchmark": "mmau",
+                                         "task": "sound", "category": "sound", "subcategory": None, "layer": None,
+                                         "duration": 1.0}) + "\n"
+                             for i in range(24)))
+    captions.write_text("".join(json.dumps({"id": f"q{i}", "caption": f"a hiss {i}."}) + "\n" for i in range(24)))
+    judge = json.dumps({"url": url, "model": MODEL, "retries": 0})
+    with pytest.raises(SystemExit) as stopped:
+        evaluate_command(["--benchmark", str(bench), "--predictions", str(captions), "--judge", judge,
+                          "--out", str(tmp_path / "out")])
+    assert str(stopped.value).startswith(f"agentcap evaluate: benchmark judge served:{url}#{MODEL}: 24 of 24 replies "
+                                         "invalid (100.0%, more than 5%; last: the chosen token's log-prob is nan")
+
+
+@pytest.mark.slow  # a tiny ACE-Cap fit in process
+def test_fit_with_an_examiner_past_the_share_is_one_line_naming_it(judge_server, tmp_path, toy_soundscapes,
+                                                                   make_game_config, capsys):
+    """The fit stopped with ``TooManyInvalidReplies``'s traceback (tools/repro_faults.py case 1a)."""
+    from agentcap.cli import main
+
+    url, _, state = judge_server
+    state["always"] = "Z"
+    stages = [{"name": "g", "kind": "grpo", "agent": "captioner", "steps": 2, "env": {"mode": "captioner"}}]
+    config = make_game_config(tmp_path / "run", toy_soundscapes, stages)
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", str(config), "--model.env.kwargs.examiner",
+              json.dumps({"url": url, "model": MODEL, "retries": 0})])
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"agentcap: examiner {url} (model '{MODEL}'): ")
+    assert "replies invalid (100.0%, more than 5%; last: answered 'Z', not one of the options A–E)" in err

@@ -92,3 +92,30 @@ def test_an_interrupted_write_leaves_the_earlier_file(tmp_path):
     with JsonlOutput(str(path)) as out:
         out.write({"id": 2})
     assert path.read_text() == '{"id": 2}\n' and not (tmp_path / "out.jsonl.partial").exists()
+
+
+def test_a_full_disk_under_out_is_one_line_naming_the_file(tmp_path):
+    """ENOSPC while a row is written (tools/repro_faults.py case 13a2: a full tmpfs under `caption --out`):
+    one line naming the partial file and the room there, the partial removed, the earlier --out whole."""
+    import errno
+
+    out = tmp_path / "captions.jsonl"
+    out.write_text('{"id": "earlier"}\n')
+
+    class Full:
+        closed = False
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        flush = close = lambda self: None
+
+    writer = JsonlOutput(str(out), "agentcap caption")
+    writer.handle.close()
+    writer.handle = Full()
+    with pytest.raises(SystemExit) as stopped:
+        with writer:
+            writer.write({"id": "a"})
+    assert str(stopped.value).startswith(f"agentcap caption: writing {out}.partial (") and "MB free in" in str(stopped.value)
+    assert "\n" not in str(stopped.value) and not (tmp_path / "captions.jsonl.partial").exists()
+    assert out.read_text() == '{"id": "earlier"}\n'

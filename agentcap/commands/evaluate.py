@@ -297,7 +297,15 @@ def benchmark_command(args: argparse.Namespace) -> int:
             return caption_clips(config, args.checkpoint, clips)
 
         identity = captioner_identity(config, checkpoint)
-    summary = evaluate_benchmark(rows, captioner, identity, judge, out_dir)
+    from agentcap.judges.replies import TooManyInvalidReplies
+    from agentcap.parallel.http_client import ServerUnavailable
+
+    try:
+        summary = evaluate_benchmark(rows, captioner, identity, judge, out_dir)
+    except (TooManyInvalidReplies, ServerUnavailable) as err:  # a judge gone wrong: one line naming its URL
+        if os.environ.get("AGENTCAP_DEBUG"):
+            raise
+        raise SystemExit(f"agentcap evaluate: {err}") from None
     print(os.path.abspath(os.path.join(out_dir, "benchmark_summary.json")), file=sys.stderr)
     print(benchmark_table(summary, title=f"agentcap evaluate --benchmark {args.benchmark}: {len(rows)} questions"))
     return 0

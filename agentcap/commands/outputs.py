@@ -95,12 +95,25 @@ class JsonlOutput:
     The partial file is locked while it is written: a second process writing ``path`` is refused."""
 
     def __init__(self, path: str, command: str = "agentcap", flag: str = "--out"):
-        self.path, self.partial = path, path + ".partial"
+        self.path, self.partial, self.command = path, path + ".partial", command
         self.handle = open(lock_output(command, flag, path), "w", encoding="utf-8")
 
     def write(self, row: dict[str, Any]) -> None:
-        self.handle.write(json.dumps(row) + "\n")
-        self.handle.flush()
+        try:
+            self.handle.write(json.dumps(row) + "\n")
+            self.handle.flush()
+        except OSError as err:
+            from agentcap.resume.disk import is_full, no_space
+
+            if not is_full(err):
+                raise
+            # a full disk: one line naming the file (was: two ENOSPC tracebacks and a torn .partial left)
+            try:
+                self.handle.close()
+            except OSError:
+                pass  # its last flush fails the same way
+            os.unlink(self.partial)  # half written; ``path`` keeps what it held
+            raise SystemExit(f"{self.command}: {no_space(err, self.partial)}") from None
 
     def commit(self) -> None:
         self.handle.flush()
