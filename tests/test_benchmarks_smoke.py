@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = sorted(p.name for p in (ROOT / "tools").glob("bench_*.py"))
 #: what each smoke run must print (the GRPO ones: that the step is agentcap's own)
 EXPECT = {
-    "bench_async.py": ["bench_async --smoke: K=0 step", "K=1 step", "agentcap's update"],
+    "bench_async.py": ["bench_async --smoke: K=0 step", "K=1 step", "agentcap's update", "backend hf)", "backend served)"],
     "bench_audio_memory.py": ["max_seconds=1.0", "load", "check"],
     "bench_checkpoint.py": ["bench_checkpoint: Llama 2 layers", "sharded again"],
     "bench_examiner.py": ["examiner model:", "scores identical: True"],

@@ -22,17 +22,30 @@ core in a process of its own cannot take a sync through ``collective_rpc`` on vL
     python tools/bench_async.py --pairs 3 --k0-threads 2      # baseline with both cores per op
     python tools/bench_async.py --trl-python .venv-bench/bin/python   # also TRL's synchronous step
     .venv-vllm/bin/python tools/bench_async.py --backend vllm --pairs 3
-    python tools/bench_async.py --smoke       # the smallest setting, K = 0 and K = 1 in one process (CI)
+    python tools/bench_async.py --smoke       # the smallest setting, K = 0 and K = 1 in one process, hf and served (CI)
+    python tools/bench_async.py --backend served --pairs 3
+    python tools/bench_async.py --backend served --smoke
+
+``--backend served`` samples through a server in a process of its own (``backend: served``, full
+weights: every sync writes the weights to a folder, the server reloads them and the probe is
+checked; with K = 1 each batch's snapshot goes in as a version of its own, ``backends.served_ahead``).
+The server is the test suite's fake vLLM (``tests/test_served_backend.py``: vLLM's endpoints over
+HTTP, sampling token by token with its own copy of the model, no KV cache), started on loopback by
+this script, so the figures measure the placement (the learner's process no longer generates) and
+the sync's cost, not vLLM's speed. Its lengths are exactly ``--new-tokens`` unless EOS comes first.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -60,6 +73,11 @@ def steps(args) -> dict:
         from agentcap.agents.backends.base import VLLMOptions
 
         agent.use_backend("vllm", VLLMOptions(enforce_eager=True, max_model_len=512), str(folder))
+    if args.backend == "served":
+        from agentcap.agents.backends.base import VLLMOptions
+
+        url, sync_folder = args.served_url, tempfile.mkdtemp(prefix="bench-async-sync-")
+        agent.use_backend("served", VLLMOptions(served={"urls": [url], "model": "base", "folder": sync_folder}), None)
     # the update agentcap fit runs (GRPOModule.update's, through training.harness): one minibatch, token mean,
     # TIS against the sampler's log-probs with K = 1, optimizer_step (which also syncs a vLLM engine)
     n = args.prompts * args.group
@@ -89,6 +107,8 @@ def steps(args) -> dict:
             waits.append(waited)
             updates.append(time.perf_counter() - t0)
     pipeline.close()
+    if args.backend == "served":
+        shutil.rmtree(sync_folder, ignore_errors=True)  # the last version's weights
     return {"times": times, "waits": waits, "updates": updates}
 
 
@@ -115,9 +135,45 @@ def load_folder(args):
     return model, tokenizer, folder
 
 
+def serve(args) -> None:
+    """``--serve``: the fake vLLM server holding the benchmark's model, on loopback, until stdin closes;
+    its URL is the first line printed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_served_backend import FakeVLLM
+
+    torch.set_num_threads(args.threads)
+    model, _ = load(args.seed)
+    fake = FakeVLLM(model)
+    print(f"URL {fake.url}", flush=True)
+    sys.stdin.read()
+    fake.close()
+
+
+@contextlib.contextmanager
+def server(args):
+    """A ``--serve`` process for ``--backend served`` (its URL in ``args.served_url``); nothing otherwise."""
+    if args.backend != "served" or args.served_url:
+        yield
+        return
+    cmd = [sys.executable, __file__, "--serve", "--seed", str(args.seed), "--threads", str(args.threads)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = process.stdout.readline()
+        if not line.startswith("URL "):
+            raise SystemExit(f"bench_async: the fake server did not start ({line!r})")
+        args.served_url = line.split()[1]
+        yield
+    finally:
+        args.served_url = None
+        process.stdin.close()
+        process.wait(60)
+
+
 def worker(args) -> None:
     torch.set_num_threads(args.threads)
-    result = steps(args)
+    with server(args):
+        result = steps(args)
     result["median_s"] = statistics.median(result["times"])
     print("RESULT " + json.dumps(result))
 
@@ -174,14 +230,17 @@ def compare(args) -> None:
 
 
 def smoke(args) -> None:
-    """The smallest setting, K = 0 then K = 1 in this process, one measured step each."""
+    """The smallest setting, K = 0 then K = 1 in this process, one measured step each; the default
+    (hf) also runs the served engine, which needs nothing more installed."""
     args.group, args.prompts, args.new_tokens, args.steps = 2, 1, 2, 1
     torch.set_num_threads(args.threads)
-    for k in (0, 1):
-        args.k = k
-        r = steps(args)
-        print(f"bench_async --smoke: K={k} step {r['times'][0]:.2f} s (wait for rollout {r['waits'][0]:.2f}, "
-              f"agentcap's update {r['updates'][0]:.2f}; backend {args.backend})", flush=True)
+    for args.backend in ["hf", "served"] if args.backend == "hf" else [args.backend]:
+        for k in (0, 1):
+            args.k = k
+            with server(args):
+                r = steps(args)
+            print(f"bench_async --smoke: K={k} step {r['times'][0]:.2f} s (wait for rollout {r['waits'][0]:.2f}, "
+                  f"agentcap's update {r['updates'][0]:.2f}; backend {args.backend})", flush=True)
 
 
 def main(argv=None) -> None:
@@ -198,9 +257,13 @@ def main(argv=None) -> None:
     parser.add_argument("--k0-threads", type=int, default=None, help="intra-op threads of the K=0 baseline")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trl-python", default=None, help="a Python with trl==1.16.0 (extra `bench`)")
-    parser.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    parser.add_argument("--backend", choices=("hf", "vllm", "served"), default="hf")
+    parser.add_argument("--serve", action="store_true", help="run the fake vLLM server (--backend served)")
+    parser.add_argument("--served-url", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.smoke:
+    if args.serve:
+        serve(args)
+    elif args.smoke:
         smoke(args)
     elif args.worker:
         worker(args)
