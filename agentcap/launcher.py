@@ -26,7 +26,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from agentcap.commands.outputs import OutputBusy
+
+    try:
+        run_command(list(sys.argv[1:] if argv is None else argv))
+    except OutputBusy as busy:  # a second writer of one --out: one line, exit 2 (a usage error)
+        print(busy, file=sys.stderr)
+        raise SystemExit(OutputBusy.exit_code) from None
+
+
+def run_command(argv: list[str]) -> None:
     if not argv or argv[0] in HELP:
         print(overview(), file=sys.stdout if argv else sys.stderr)
         raise SystemExit(0 if argv else 2)

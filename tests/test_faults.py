@@ -157,6 +157,21 @@ def test_a_second_writer_of_one_out_is_refused_naming_the_holder(tmp_path):
     assert out.read_text().count("\n") == 1 and not (tmp_path / "captions.jsonl.partial").exists()
 
 
+def test_a_second_caption_writer_exits_2_in_one_line(tmp_path, capsys, monkeypatch):
+    from agentcap import launcher
+    from agentcap.commands.caption import Outcome
+    from agentcap.commands.outputs import JsonlOutput
+
+    out = tmp_path / "captions.jsonl"
+    with JsonlOutput(str(out)):
+        monkeypatch.setattr(launcher, "run_command", lambda argv: Outcome(str(out), skipping=False))
+        with pytest.raises(SystemExit) as refused:
+            launcher.main(["caption", "--out", str(out)])
+        assert refused.value.code == 2
+        assert capsys.readouterr().err == (f"agentcap caption: --out {out} is being written by pid {os.getpid()} "
+                                           f"({out}.partial is locked); wait for it to end, stop it, or choose another --out\n")
+
+
 def test_data_convert_refuses_a_second_writer_of_its_out(tmp_path, capsys):
     from pathlib import Path
 

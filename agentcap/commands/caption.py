@@ -144,7 +144,7 @@ class Outcome(JsonlOutput):
     and counts captioned / failed / skipped."""
 
     def __init__(self, path: str, skipping: bool):
-        super().__init__(path)
+        super().__init__(path, "agentcap caption")
         self.skipping = skipping
         self.counts = {"captioned": 0, "failed": 0, "skipped": 0}
 

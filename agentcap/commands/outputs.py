@@ -62,10 +62,17 @@ def _lock_holder(fd: int) -> str:
     return "another process"
 
 
+class OutputBusy(SystemExit):
+    """Another process writes this output: a usage error (exit status 2, as for a refused flag), which
+    ``agentcap.launcher`` prints in one line; ``str()`` is the message."""
+
+    exit_code = 2
+
+
 def lock_output(command: str, flag: str, path: str) -> int:
     """An open descriptor of ``<path>.partial``, emptied and held under an exclusive ``flock`` (dropped
     when it is closed, or the process ends however it ends); ``SystemExit`` naming ``path`` and the
-    holder's pid when another process writes it (two writers left NUL bytes and lost the first one's
+    holder's pid when another process writes it (:class:`OutputBusy`) (two writers left NUL bytes and lost the first one's
     rows). The file is opened without truncating: a refused second writer changes nothing."""
     partial = path + ".partial"
     while True:
@@ -77,7 +84,7 @@ def lock_output(command: str, flag: str, path: str) -> int:
             os.close(fd)
             if err.errno not in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK):
                 raise SystemExit(f"{command}: cannot lock {partial} ({err.strerror})") from None
-            raise SystemExit(f"{command}: {flag} {path} is being written by {holder} ({partial} is locked); "
+            raise OutputBusy(f"{command}: {flag} {path} is being written by {holder} ({partial} is locked); "
                              f"wait for it to end, stop it, or choose another {flag}") from None
         try:
             same = os.stat(partial).st_ino == os.fstat(fd).st_ino
