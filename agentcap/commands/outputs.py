@@ -71,9 +71,9 @@ class OutputBusy(SystemExit):
 
 def lock_output(command: str, flag: str, path: str) -> int:
     """An open descriptor of ``<path>.partial``, emptied and held under an exclusive ``flock`` (dropped
-    when it is closed, or the process ends however it ends); ``SystemExit`` naming ``path`` and the
-    holder's pid when another process writes it (:class:`OutputBusy`) (two writers left NUL bytes and lost the first one's
-    rows). The file is opened without truncating: a refused second writer changes nothing."""
+    when it is closed, or the process ends however it ends); :class:`OutputBusy` naming ``path`` and
+    the holder's pid when another process writes it (two writers left NUL bytes and lost the first
+    one's rows). The file is opened without truncating: a refused second writer changes nothing."""
     partial = path + ".partial"
     while True:
         fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
