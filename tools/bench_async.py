@@ -25,6 +25,7 @@ core in a process of its own cannot take a sync through ``collective_rpc`` on vL
     python tools/bench_async.py --smoke       # the smallest setting, K = 0 and K = 1 in one process, hf and served (CI)
     python tools/bench_async.py --backend served --pairs 3
     python tools/bench_async.py --backend served --smoke
+    .venv-vllm/bin/python tools/bench_async.py --backend served --server vllm --pairs 2 [--lora]
 
 ``--backend served`` samples through a server in a process of its own (``backend: served``, full
 weights: every sync writes the weights to a folder, the server reloads them and the probe is
@@ -33,6 +34,9 @@ The server is the test suite's fake vLLM (``tests/test_served_backend.py``: vLLM
 HTTP, sampling token by token with its own copy of the model, no KV cache), started on loopback by
 this script, so the figures measure the placement (the learner's process no longer generates) and
 the sync's cost, not vLLM's speed. Its lengths are exactly ``--new-tokens`` unless EOS comes first.
+``--server vllm`` starts a real ``vllm serve`` instead (``vllm.served.start``; each measured process
+starts its own, about a minute here, outside the timed steps); its lengths stop at EOS too.
+``--lora`` trains an adapter (synced as adapter versions) instead of every weight.
 """
 
 from __future__ import annotations
@@ -63,17 +67,20 @@ def steps(args) -> dict:
     from agentcap.training.harness import UpdateHarness, rows
     from agentcap.training.update import UpdateSettings
 
-    if args.backend == "vllm":
+    sync_folder = None
+    if args.lora or args.server == "vllm":
+        agent, sync_folder = built(args)
+    elif args.backend == "vllm":
         model, tokenizer, folder = load_folder(args)
-    else:
-        model, tokenizer = load(args.seed)
-    model.generation_config.min_new_tokens = args.new_tokens  # same lengths every step
-    agent = Agent("policy", model, tokenizer, max_new_tokens=args.new_tokens, lr=1e-6)
-    if args.backend == "vllm":
+        agent = Agent("policy", model, tokenizer, max_new_tokens=args.new_tokens, lr=1e-6)
         from agentcap.agents.backends.base import VLLMOptions
 
         agent.use_backend("vllm", VLLMOptions(enforce_eager=True, max_model_len=512), str(folder))
-    if args.backend == "served":
+    else:
+        model, tokenizer = load(args.seed)
+        model.generation_config.min_new_tokens = args.new_tokens  # same lengths every step
+        agent = Agent("policy", model, tokenizer, max_new_tokens=args.new_tokens, lr=1e-6)
+    if args.backend == "served" and sync_folder is None:
         from agentcap.agents.backends.base import VLLMOptions
 
         url, sync_folder = args.served_url, tempfile.mkdtemp(prefix="bench-async-sync-")
@@ -107,9 +114,34 @@ def steps(args) -> dict:
             waits.append(waited)
             updates.append(time.perf_counter() - t0)
     pipeline.close()
-    if args.backend == "served":
+    if args.server == "vllm":
+        agent.backend.close()  # stops the server agentcap started
+    if sync_folder:
         shutil.rmtree(sync_folder, ignore_errors=True)  # the last version's weights
     return {"times": times, "waits": waits, "updates": updates}
+
+
+def built(args):
+    """The agent as ``agentcap fit`` builds it (``build_agent``) from SmolLM2's folder: a LoRA adapter
+    with ``--lora``, sampling with ``--backend`` (``served`` with ``--server vllm``: a real ``vllm
+    serve`` that agentcap starts on loopback, eager, float32). Returns it and the served sync folder."""
+    from agentcap.agents.adapters import LoraSpec
+    from agentcap.agents.agent import AgentConfig, build_agent
+    from agentcap.agents.gguf import cached_smollm2
+
+    torch.manual_seed(args.seed)
+    vllm, folder = {"enforce_eager": True, "max_model_len": 512}, None
+    if args.backend == "vllm":
+        load_folder(args)  # exactly --new-tokens tokens per sample
+    if args.backend == "served":
+        folder = tempfile.mkdtemp(prefix="bench-async-sync-")
+        vllm.update(dtype="float32", served={"start": 1, "model": "smollm2", "folder": folder, "start_timeout": 1800})
+    peft = LoraSpec(r=8, alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]) if args.lora else None
+    agent = build_agent("policy", AgentConfig(model=str(cached_smollm2()), backend=args.backend, vllm=vllm, peft=peft,
+                                              max_new_tokens=args.new_tokens, lr=1e-6))
+    if args.backend == "hf":
+        agent.model.generation_config.min_new_tokens = args.new_tokens
+    return agent, folder
 
 
 def load_folder(args):
@@ -152,7 +184,7 @@ def serve(args) -> None:
 @contextlib.contextmanager
 def server(args):
     """A ``--serve`` process for ``--backend served`` (its URL in ``args.served_url``); nothing otherwise."""
-    if args.backend != "served" or args.served_url:
+    if args.backend != "served" or args.served_url or args.server == "vllm":
         yield
         return
     cmd = [sys.executable, __file__, "--serve", "--seed", str(args.seed), "--threads", str(args.threads)]
@@ -181,9 +213,9 @@ def worker(args) -> None:
 def measure(args, k: int, threads: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", "--k", str(k), "--threads", str(threads), "--seed", str(args.seed),
            "--group", str(args.group), "--prompts", str(args.prompts), "--new-tokens", str(args.new_tokens),
-           "--steps", str(args.steps), "--backend", args.backend]
+           "--steps", str(args.steps), "--backend", args.backend, "--server", args.server] + ["--lora"] * args.lora
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    if args.backend == "vllm":
+    if args.backend == "vllm" or args.server == "vllm":
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
@@ -224,7 +256,8 @@ def compare(args) -> None:
             line += f" | TRL {trl:.2f} s, K=1 / TRL {to_trl[-1]:.2f}"
         print(line, flush=True)
     print(f"step time K=1 / K=0 over {len(ratios)} pairs: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}"
-          f" (backend {args.backend}; threads: K=0 {k0_threads}, K=1 {args.threads})")
+          f" (backend {args.backend}{' (vllm serve)' if args.server == 'vllm' else ''}, "
+          f"{'LoRA' if args.lora else 'full fine-tune'}; threads: K=0 {k0_threads}, K=1 {args.threads})")
     if to_trl:
         print(f"step time K=1 / TRL: min {min(to_trl):.2f}, median {statistics.median(to_trl):.2f}")
 
@@ -259,6 +292,9 @@ def main(argv=None) -> None:
     parser.add_argument("--trl-python", default=None, help="a Python with trl==1.16.0 (extra `bench`)")
     parser.add_argument("--backend", choices=("hf", "vllm", "served"), default="hf")
     parser.add_argument("--serve", action="store_true", help="run the fake vLLM server (--backend served)")
+    parser.add_argument("--server", choices=("fake", "vllm"), default="fake",
+                        help="--backend served: the test suite's fake server, or a real `vllm serve` (.venv-vllm)")
+    parser.add_argument("--lora", action="store_true", help="train a LoRA adapter (r 8, attention) instead of every weight")
     parser.add_argument("--served-url", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
