@@ -1,11 +1,13 @@
 """Every command and code snippet of README.md and docs/*.md: each is counted and checked.
 
 Fast (every block): Python compiles, YAML and TOML parse, every ``agentcap`` command names a known
-command and every repository file a command or config names exists. Slow (a walk-through that runs):
-docs/custom-environments.md from an empty folder, as written (its files, data, checks, fits at their
-smallest settings: ``--trainer.max_steps``), and docs/lightning.md's Python API on a tiny READ run.
-Blocks that need what this machine has not (a GPU, a served model, a public dataset, several nodes)
-are checked only by the fast test; :data:`EXTERNAL` says why for each.
+command and every repository file a command or config names exists. Slow (run as written):
+docs/custom-environments.md from an empty folder (its files, data, checks, fits cut to their first
+ticks); docs/lightning.md's Python API on a tiny READ run; every other command of README.md and
+docs/ in one fresh folder, in the docs' order, each fit at its recipe's smallest schedule
+(:func:`at_smallest`), the public-format inputs from tests/data/public; every YAML fragment merged
+over a demo config and type-checked by ``fit``. Commands that need what this machine has not (a GPU,
+a served 8B model, a Hub model, several nodes) are listed with the reason (:data:`EXTERNAL`).
 """
 
 from __future__ import annotations
@@ -28,12 +30,20 @@ FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 #: Commands this machine cannot run (a first word, or a marker in the command), and why.
 EXTERNAL = {
     "bash tools/setup": "downloads and installs (tools/setup.sh); run by CI on a clean clone",
+    "-m pytest": "the test command itself: .ci/run runs it on a clean clone",
+    "Qwen/": "a Hub model id (this machine has no hub; docs/data.md's Hub ids are tested in tests/test_hub.py)",
     "bash tools/gpu_check": "needs a GPU",
     "vllm serve": "a served model (vLLM on a GPU)",
+    "vllm.entrypoints": "a served 8B model (vLLM on a GPU; tests/vllm_engine/test_served_engine.py starts the CPU build's)",
     "torchrun": "several nodes",
     "HOST": "a served model at http://HOST:8000",
-    "--trainer.devices 2": "two processes (tests/test_ddp.py runs them)",
 }
+
+#: Commands the docs show being refused (a marker in the command): their exit code and message.
+REFUSED = {"--device-memory 80": (2, "no room for a KV cache")}
+
+#: Docs whose commands another test runs as written, with its own files.
+RUN_ELSEWHERE = {"docs/custom-environments.md": "test_custom_environments_doc_runs_as_written"}
 
 
 def blocks() -> list[tuple[str, int, str, str]]:
@@ -211,3 +221,140 @@ def test_keyword_arguments_of_another_environment_are_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"takes no 'reward_funcs', 'reward_weights'; its arguments: manifest"):
         check_env_kwargs("doctest/Echo-v0", {"manifest": "x.jsonl", "reward_funcs": [], "reward_weights": []})
     check_env_kwargs("agentcap/TextRewards-v0", {"manifest": "x.jsonl", "reward_funcs": []})
+
+
+def external(command: str) -> str | None:
+    """Why this machine cannot run ``command`` as written, or None."""
+    return next((why for marker, why in EXTERNAL.items() if marker in command), None)
+
+
+def _smallest_config(config: Path, out: Path) -> Path:
+    """An override of ``config``'s schedule at its smallest: every stage one step, evaluations of two
+    items, a benchmark of four questions (stage names and kinds kept, so tables still pair them)."""
+    model = yaml.safe_load(config.read_text())["model"]
+    stages = [{**stage, "steps": 1} if "steps" in stage else stage for stage in model["stages"]]
+    small: dict = {"stages": stages, "eval_limit": 2}
+    if "benchmark" in model:
+        small["benchmark"] = {**model["benchmark"], "limit": 4}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump({"model": small, "checkpoint_every": 1}, sort_keys=False))
+    return out
+
+
+def at_smallest(command: str, folder: Path) -> str:
+    """``command`` as written, with the flags of its smallest setting appended to each fit it starts:
+    a schedule of one-step stages (``--config`` of :func:`_smallest_config`, after the doc's own)."""
+    command = re.sub(r" \[[A-Z_]+\]", "", command)  # an optional argument, shown as [PATTERN]
+    words = shlex.split(command)
+
+    def small(config: str) -> str:
+        return str(_smallest_config(folder / config, folder / "smallest" / Path(config).name).relative_to(folder))
+
+    def after(word: str) -> str:
+        return words[words.index(word) + 1]
+
+    if "agentcap" in words and after("agentcap") == "fit":
+        return f"{command} --config {small(after('--config'))}"
+    if "tools/demo.sh" in words:
+        return f"{command} --config {small('configs/demo/' + after('tools/demo.sh') + '.yaml')}"
+    if "tools/seeds.sh" in words:
+        flags = f"--config {small('configs/demo/' + after('tools/seeds.sh') + '.yaml')}"
+        if 'DEMO_FLAGS="' in command:
+            return command.replace('DEMO_FLAGS="', f'DEMO_FLAGS="{flags} ', 1)
+        return f'DEMO_FLAGS="{flags}" {command}'
+    return command
+
+
+def _public_inputs(folder: Path) -> None:
+    """The public files the docs' ``data convert`` commands name, as the tiny fixtures of
+    tests/data/public (each release's own layout, bad rows included), where the commands look."""
+    import shutil
+
+    import numpy as np
+
+    public = Path(__file__).parent / "data" / "public"
+    shutil.copy(public / "clotho" / "clotho_captions_development.csv", folder)
+    shutil.copytree(public / "clotho" / "audio", folder / "CLOTHO")
+    shutil.copytree(public / "clotho" / "audio", folder / "clotho" / "development")
+    shutil.copy(public / "mmau" / "mmau-test-mini.json", folder)
+    shutil.copytree(public / "mmau", folder / "mmau")
+    shutil.copy(public / "mad" / "MAD_train.json", folder)
+    shutil.copytree(public / "mad", folder / "mad")
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(folder / "mad" / "CLIP_frames_features_5fps.h5", "w") as f:
+        for npy in sorted((public / "mad" / "features").glob("*.npy")):
+            f.create_dataset(npy.stem, data=np.load(npy))
+
+
+@pytest.mark.slow  # every runnable command of README.md and docs/, as written, at its smallest (minutes)
+def test_every_doc_command_runs_as_written(tmp_path):
+    """The docs' commands in a fresh folder holding only the checkout's configs/ and tools/ (and its
+    .venv), in the docs' order: a fit's outputs are what the next command reads. Each fit runs its
+    recipe's schedule at one step a stage (:func:`at_smallest`); the rest run exactly as written."""
+    for name in ("configs", "tools"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))
+    _public_inputs(tmp_path)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+
+    def run(command: str) -> subprocess.CompletedProcess:
+        result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=1800)
+        code, message = next((refused for marker, refused in REFUSED.items() if marker in command), (0, ""))
+        assert result.returncode == code and message in result.stderr, \
+            f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        return result
+
+    # what the docs take as already there: the AudioMap demo's run (README's benchmark evaluation) and
+    # a toy world under toy/ (docs/data.md's offline bank)
+    run(at_smallest("bash tools/demo.sh audiomap", tmp_path))
+    run("mkdir -p toy && cp data/toy_soundscapes/train.jsonl toy/ && ln -s ../data/toy_soundscapes/audio toy/audio")
+    # docs/data.md's LLM writer: a Clotho manifest and a small instruct model at models/writer-instruct
+    run("agentcap data convert --from clotho --input clotho_captions_development.csv --root CLOTHO --out train.jsonl")
+    everything, ran, skipped = [], [], []
+    # within a doc, the seed runs come first: docs/real.md shows their analysis before how they were run
+    ordered = sorted(((where, line, text) for where, line, language, text in blocks()
+                      if language == "bash" and where not in RUN_ELSEWHERE),
+                     key=lambda block: (DOCS.index(ROOT / block[0]), "tools/seeds.sh" not in block[2], block[1]))
+    if _smollm2_available():
+        from agentcap.agents.gguf import cached_smollm2
+
+        (tmp_path / "models").mkdir()
+        (tmp_path / "models" / "writer-instruct").symlink_to(cached_smollm2())
+    else:
+        EXTERNAL["hf:models/writer-instruct"] = "no local instruct model (SmolLM2 of tools/setup.sh)"
+    for where, line, text in ordered:
+        for command in commands(text):
+            everything.append(command)
+            why = external(command)
+            if why:
+                skipped.append((command, why))
+                continue
+            run(at_smallest(command, tmp_path))
+            ran.append(f"{where}:{line}: {command}")
+    print(f"{len(ran)} doc commands ran as written, {len(skipped)} could not here:")
+    for command, why in skipped:
+        print(f"  {command}  ({why})")
+    assert len(ran) + len(skipped) == len(everything) and len(ran) >= 25
+
+
+@pytest.mark.slow  # one `agentcap fit --print_config` per fragment
+def test_every_doc_config_fragment_is_accepted_by_fit(tmp_path):
+    """The YAML fragments of docs/ (a recipe's ``model:``, ``agents:`` or ``env:`` part), merged over
+    the READ demo's config: ``fit`` parses and type-checks them (an option that does not exist, or a
+    value of the wrong type, is refused) before anything loads. custom-environments.md's whole
+    configs run in test_custom_environments_doc_runs_as_written."""
+    checked = 0
+    for where, line, language, text in blocks():
+        if language != "yaml" or where in RUN_ELSEWHERE:
+            continue
+        fragment = yaml.safe_load(text)
+        fragment = fragment if "model" in fragment else {"model": fragment}
+        path = tmp_path / f"{Path(where).stem}-{line}.yaml"
+        path.write_text(yaml.safe_dump(fragment))
+        result = _agentcap("fit", "--config", str(ROOT / "configs/demo/read.yaml"), "--config", str(path),
+                           "--print_config", cwd=ROOT, timeout=300)
+        assert result.returncode == 0, f"{where}:{line}\n{result.stderr[-2000:]}"
+        checked += 1
+    assert checked >= 6

@@ -222,6 +222,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--after", default="after_grpo")
     parser.add_argument("--against", help="a second folder of runs of the same seeds (another recipe), compared by seed")
     args = parser.parse_args(argv)
+    for root in filter(None, (args.root, args.against)):
+        for seed in args.seeds:
+            for stage in (args.before, args.after):
+                items = os.path.join(root, f"audiomap-demo-s{seed}", "benchmarks", stage, "benchmark_items.jsonl")
+                if not os.path.isfile(items):
+                    parser.error(f"{items}: not found (seed {seed}'s run has no {stage!r} benchmark: run "
+                                 f"`RUNS={root} bash tools/seeds.sh audiomap {' '.join(args.seeds)}` first)")
     print(tables(args.root, args.seeds, args.before, args.after, args.against))
 
 
