@@ -381,6 +381,11 @@ def test_rollouts_spread_over_servers_and_every_server_is_verified(tmp_path, fak
 def test_config_and_shared_base_roles(tmp_path):
     with pytest.raises(ValueError, match="either urls .* or start"):
         build_agent("policy", AgentConfig(tiny={"kind": "qwen2"}, backend="served"))
+    served = {"urls": ["http://127.0.0.1:9/v1"], "model": "base", "folder": str(tmp_path)}
+    tied = build_agent("policy", AgentConfig(tiny={"kind": "qwen2"}))
+    tied.model.config.tie_word_embeddings = True
+    with pytest.raises(ValueError, match="tied to its input embedding.*untied_copy"):  # vLLM's reload leaves the head
+        tied.use_backend("served", AgentConfig(vllm={"served": served}).vllm, None)
     with pytest.raises(ValueError, match=r"vllm\.served: unknown option\(s\) \['url'\]"):
         AgentConfig(tiny={"kind": "qwen2"}, backend="served", vllm={"served": {"url": "http://x/v1"}})
     served = {"urls": ["http://127.0.0.1:9/v1"], "model": "base", "folder": str(tmp_path)}

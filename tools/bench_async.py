@@ -137,7 +137,12 @@ def built(args):
         folder = tempfile.mkdtemp(prefix="bench-async-sync-")
         vllm.update(dtype="float32", served={"start": 1, "model": "smollm2", "folder": folder, "start_timeout": 1800})
     peft = LoraSpec(r=8, alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]) if args.lora else None
-    agent = build_agent("policy", AgentConfig(model=str(cached_smollm2()), backend=args.backend, vllm=vllm, peft=peft,
+    model = cached_smollm2()
+    if args.backend == "served" and not args.lora:  # a served full fine-tune needs an untied output head
+        from agentcap.agents.pretrained import untied_copy
+
+        model = untied_copy(model, model.with_name(model.name + "-untied"))
+    agent = build_agent("policy", AgentConfig(model=str(model), backend=args.backend, vllm=vllm, peft=peft,
                                               max_new_tokens=args.new_tokens, lr=1e-6))
     if args.backend == "hf":
         agent.model.generation_config.min_new_tokens = args.new_tokens

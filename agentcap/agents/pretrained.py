@@ -67,3 +67,19 @@ def _save_dense_copy(model, tokenizer, target: Path) -> None:
         os.replace(staging, target)
     except OSError:  # another process renamed its copy first; theirs is as good as ours
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def untied_copy(folder: str | Path, out: str | Path) -> Path:
+    """``folder``'s model with its output head as a weight of its own (``tie_word_embeddings: false``,
+    ``lm_head.weight`` a copy of the input embedding): the same function, and a model whose full
+    weights a ``vllm serve`` can reload in place (its reload leaves a tied head behind). Returns ``out``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return out
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    _save_dense_copy(model, AutoTokenizer.from_pretrained(folder), out)
+    return out

@@ -201,6 +201,13 @@ class ServedBackend:
         if served.start and (not model_path or not os.path.isdir(model_path)):
             raise ValueError(f"{where}.vllm.served.start: the servers load `model:`, which must be a local "
                              f"Hugging Face folder (got {model_path!r})")
+        if agent.adapters is None and getattr(agent.model.config, "tie_word_embeddings", False):
+            raise ValueError(
+                f"{where}.backend: served with full weights cannot sync a model whose output head is tied to its "
+                f"input embedding (tie_word_embeddings: true): vLLM 0.32's in-place reload updates the embedding "
+                f"and leaves the tied head behind (a probe gap of 0.47 after one embedding update, measured). "
+                f"Train a LoRA adapter (peft), sample with backend: vllm, or untie the folder first: "
+                f"agentcap.agents.pretrained.untied_copy(folder, out)")
         self.agent, self.options, self.served, self.model_path, self.where = agent, options, served, model_path, where
         self.name = served.model or model_path or agent.name  # what the servers call the base
         self.agent_dtype = str(next(agent.model.parameters()).dtype).removeprefix("torch.")
