@@ -77,7 +77,7 @@ def steps(args) -> dict:
 
         agent.use_backend("vllm", VLLMOptions(enforce_eager=True, max_model_len=512), str(folder))
     else:
-        model, tokenizer = load(args.seed)
+        model, tokenizer = load_untied(args) if args.backend == "served" else load(args.seed)
         model.generation_config.min_new_tokens = args.new_tokens  # same lengths every step
         agent = Agent("policy", model, tokenizer, max_new_tokens=args.new_tokens, lr=1e-6)
     if args.backend == "served" and sync_folder is None:
@@ -149,6 +149,15 @@ def built(args):
     return agent, folder
 
 
+def load_untied(args):
+    """``load``'s model with its output head untied from the embedding, for the fake server and its
+    learner: a served full fine-tune needs an untied head (``backends.served``)."""
+    model, tokenizer = load(args.seed)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    return model, tokenizer
+
+
 def load_folder(args):
     """SmolLM2-135M-Instruct as a dense HF folder (the engine's) and the learner loaded from it."""
     import vllm
@@ -179,7 +188,7 @@ def serve(args) -> None:
     from test_served_backend import FakeVLLM
 
     torch.set_num_threads(args.threads)
-    model, _ = load(args.seed)
+    model, _ = load_untied(args)
     fake = FakeVLLM(model)
     print(f"URL {fake.url}", flush=True)
     sys.stdin.read()
