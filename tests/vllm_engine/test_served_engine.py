@@ -1,6 +1,7 @@
 """``backend: served`` against a real ``vllm serve`` (CPU build, SmolLM2-135M) that agentcap starts on
 loopback (``vllm.served.start``): adapter versions loaded at run time (``/v1/load_lora_adapter``),
-each verified by the server's log-probs of the probe, rollouts tied to the version's adapter name."""
+each verified by the server's log-probs of the probe, rollouts tied to the version's adapter name;
+then rollouts ahead of the update (K = 1) through the same server, each batch sampled by θ_(s−1)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from agentcap.agents.adapters import LoraSpec  # noqa: E402
 from agentcap.agents.agent import AgentConfig, build_agent  # noqa: E402
 from agentcap.agents.backends import served as served_module  # noqa: E402
 from agentcap.agents.backends.served import ServedBackend  # noqa: E402
+from agentcap.agents.backends.weights import trainable_weights  # noqa: E402
+from agentcap.rollout.pipeline import RolloutPipeline  # noqa: E402
 
 OBS = {"agent": "policy", "messages": [{"role": "user", "content": "Describe a sound."}], "media": {}}
 
@@ -58,8 +61,69 @@ def test_served_engine_takes_adapter_versions_at_run_time(smollm2_folder, tmp_pa
             update_and_sample(agent, version, "lora_B", 0.02)
         models = [c["id"] for c in backend._models(backend.servers[0])]
         assert f"{served_module.TRAINER}.policy.v2" in models and f"{served_module.TRAINER}.policy.v1" not in models
+        samples_ahead_with_the_previous_adapter(agent)
     finally:
         backend.close()
+
+
+def _load(agent, weights) -> None:
+    params = dict(agent.model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            params[name].copy_(tensor)
+
+
+def _learner_logprobs(agent, generations, weights) -> list[torch.Tensor]:
+    """The learner's log-probs of each rollout with ``weights`` loaded, one row at a time (no padding)."""
+    _load(agent, weights)
+    with torch.no_grad():
+        return [agent.completion_logprobs(agent.encode([OBS]), g.completion_ids[None],
+                                          torch.ones_like(g.completion_ids[None]))[0] for g in generations]
+
+
+def samples_ahead_with_the_previous_adapter(agent) -> None:
+    """K = 1 in a GRPO stage: step s's batch is sampled by the server with θ_max(0, s−1) (its version
+    name on every rollout), while the learner has moved on to θ_s."""
+    agent.set_trainable(True)
+    pipeline = RolloutPipeline(1)
+    pipeline.begin(0, agent)
+    stand_in = pipeline._sampler.backend
+
+    def request(step):
+        def run(stand_ins):
+            return stand_ins["policy"].generate([OBS, OBS], seeds=[10 * step + 1, 10 * step + 2], old_logprobs=False)
+        return run
+
+    thetas, batches = [], []
+    try:
+        for step in range(3):
+            thetas.append(trainable_weights(agent.model))
+            batch, staleness = pipeline.take(step, 2, agent, request)
+            assert staleness == min(step, 1)
+            name = stand_in.expected(max(0, step - 1))
+            assert {g.sampler_version for g in batch} == {name}, "every rollout names the version it came from"
+            batches.append(batch)
+            with torch.no_grad():  # the update: it moves every log-prob
+                for pname, p in agent.model.named_parameters():
+                    if "lora_B" in pname:
+                        p.add_(torch.randn_like(p) * 0.02)
+            agent.backend.weights_changed()
+    finally:
+        pipeline.close()
+    final = trainable_weights(agent.model)
+    tolerance = agent.backend.tolerance
+    for step, batch in enumerate(batches):
+        sampled_with = _learner_logprobs(agent, batch, thetas[max(0, step - 1)])
+        current = _learner_logprobs(agent, batch, thetas[step])
+        for g, want, now in zip(batch, sampled_with, current):
+            gap = float((g.sampler_logprobs - want).abs().max())
+            moved = float((g.sampler_logprobs - now).abs().max())
+            print(f"K=1 step {step} ({g.sampler_version}): server vs θ_(s-1) {gap:.2e}; vs θ_s {moved:.2e}")
+            assert gap <= 2 * tolerance
+            if step >= 1:
+                assert moved > 10 * tolerance
+    _load(agent, final)
+    agent.set_trainable(False)
 
 
 def test_served_engine_takes_full_weights_at_run_time(smollm2_folder, tmp_path):
