@@ -52,6 +52,21 @@ def test_missing_id_offline_names_the_id_and_the_cache(hub_cache):
     assert str(cache) in message and "HF_HUB_OFFLINE=1" in message
 
 
+def test_a_hub_that_does_not_resolve_reads_the_cache_at_once(hub_cache, monkeypatch):
+    """No network (the host does not resolve): the cache answers, and a missing id is named in well under
+    the ~20 s huggingface_hub spends retrying."""
+    import time
+
+    cache, _ = hub_cache
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")
+    start = time.perf_counter()
+    assert resolve_model("acme/tiny-lm", "x") == str(cache / "models--acme--tiny-lm" / "snapshots" / REV)
+    with pytest.raises(MissingWeightsError, match=r"'acme/absent-lm' .*hub\.invalid does not resolve"):
+        resolve_model("acme/absent-lm", "agents.policy.model")
+    assert time.perf_counter() - start < 5
+
+
 def test_a_folder_wins_over_an_id_of_the_same_spelling(hub_cache, tmp_path):
     (tmp_path / "acme" / "tiny-lm").mkdir(parents=True)
     assert not is_hub_id("acme/tiny-lm") and resolve_model("acme/tiny-lm", "x") == "acme/tiny-lm"

@@ -36,6 +36,25 @@ def hub_offline() -> bool:
     return constants.HF_HUB_OFFLINE if flag is None else flag.strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
+def hub_unreachable() -> str | None:
+    """Why the Hub cannot be reached, when its host does not even resolve (a machine without network):
+    huggingface_hub would retry the download for about 20 s before giving up; a DNS lookup says so
+    in milliseconds. None when the host resolves (the download is tried, and may still fail)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    host = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).hostname
+    if not host:
+        return None
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError as err:
+        return f"{host} does not resolve ({err.strerror or err}): only the cache was read"
+    return None
+
+
 def resolve_model(name_or_path: str | None, where: str, file: str | None = None) -> str | None:
     """The local folder a model field names: a folder as is; a Hub id's cached snapshot (downloaded
     first unless offline). ``file``: fetch only that file of the repo (``agentcap plan`` needs
@@ -50,14 +69,15 @@ def resolve_model(name_or_path: str | None, where: str, file: str | None = None)
 
     repo, _, revision = name_or_path.partition("@")
     cache, offline = hub_cache(), hub_offline()
-    options = {"revision": revision or None, "cache_dir": cache, "local_files_only": offline}
+    unreachable = None if offline else hub_unreachable()
+    options = {"revision": revision or None, "cache_dir": cache, "local_files_only": offline or bool(unreachable)}
     try:
         if file is not None:
             return os.path.dirname(hf_hub_download(repo, file, **options))
         return snapshot_download(repo, **options)
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as err:
-        how = ("HF_HUB_OFFLINE=1: only the cache is read" if offline
-               else f"download failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        how = ("HF_HUB_OFFLINE=1: only the cache is read" if offline else unreachable
+               or f"download failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
         raise MissingWeightsError(
             f"{where}: {name_or_path!r} is not a local folder and the Hub id has no snapshot in the HF cache "
             f"{cache} ({how}). Download it on a machine with network (`hf download {repo}`, same "
