@@ -134,7 +134,9 @@ class AgentcapCLI(LightningCLI):
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         """Our stage bar is the default console (``agentcap.training.console``), unless the config
-        turns the bar off or brings its own."""
+        turns the bar off or brings its own. Output that is not a terminal (a log file, a job
+        scheduler's capture) gets no bar unless the config asks for one: a bar's redraws are noise
+        there, and ``LogLines`` prints one line per logging step instead."""
         from lightning.pytorch.callbacks import ProgressBar
 
         from agentcap.training.console import StageProgressBar
@@ -142,7 +144,10 @@ class AgentcapCLI(LightningCLI):
         configured = list(callbacks)
         for given in (config.get("callbacks"), self.trainer_defaults.get("callbacks")):
             configured += given if isinstance(given, list) else [given] if given is not None else []
-        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in configured):
+        own_bar = any(isinstance(c, ProgressBar) for c in configured)
+        if config.get("enable_progress_bar") is None and not own_bar and not sys.stdout.isatty():
+            config = {**config, "enable_progress_bar": False}
+        if config.get("enable_progress_bar") is not False and not own_bar:
             callbacks = [*callbacks, StageProgressBar()]
         return super()._instantiate_trainer(config, callbacks)
 

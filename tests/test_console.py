@@ -61,6 +61,30 @@ def test_bar_shows_the_stage_and_only_its_own_metrics(tmp_path, toy_movie, make_
     assert bar.evaluated == [("after", 0, 4), ("after", 2, 4), ("after", 4, 4)]
 
 
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream, bar", [(io.StringIO, False), (_Terminal, True)])
+def test_no_bar_unless_the_output_is_a_terminal(stream, bar, tmp_path, toy_movie, make_read_config):
+    """A log file gets LogLines' one line per logging step, not a bar's redraws; a terminal gets the bar."""
+    import yaml
+
+    from agentcap.cli import AgentcapCLI
+    from agentcap.training.module import GRPOModule
+
+    config = make_read_config(tmp_path / "run", toy_movie, [{"name": "warmup", "kind": "sft", "agent": "policy",
+                                                             "steps": 1}])
+    document = yaml.safe_load(config.read_text())
+    del document["trainer"]["enable_progress_bar"]  # unset: the output decides
+    config.write_text(yaml.safe_dump(document, sort_keys=False))
+    with contextlib.redirect_stdout(stream()):
+        cli = AgentcapCLI(GRPOModule, datamodule_class=None, run=False, args=["--config", str(config)])
+    assert isinstance(cli.trainer.progress_bar_callback, StageProgressBar) is bar
+    assert (cli.trainer.progress_bar_callback is None) is not bar
+
+
 def test_time_left_counts_each_stage_at_its_own_pace():
     schedule = Schedule([Stage("a", "sft", "p", steps=4), Stage("b", "grpo", "p", steps=3),
                          Stage("e", "evaluate"), Stage("c", "grpo", "p", steps=2)], ["p"])
