@@ -127,29 +127,28 @@ def shared_base(args) -> None:
         return [{"agent": role, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], "media": {}}
                 for i in range(args.batch)]
 
+    def nudge(agent, scale: float) -> None:
+        """Move the role's adapter, as an update would; its backend hears of it."""
+        agent.set_trainable(True)
+        with torch.no_grad():
+            for p in agent.trainable_parameters():
+                p.add_(torch.randn_like(p) * scale)
+        agent.set_trainable(False)
+        agent.backend.weights_changed()
+
     sides = {}
     for backend in ("hf", "vllm"):
         torch.manual_seed(0)  # the same adapters on both sides
         agents = build_agents(roles(backend))
         agents["captioner"].model.to(device)  # the base both roles share (HF samples on it)
         for agent in agents.values():  # LoRA B starts at zero: give each role an adapter of its own
-            agent.set_trainable(True)
-            with torch.no_grad():
-                for p in agent.trainable_parameters():
-                    p.add_(torch.randn_like(p) * 0.02)
-            agent.set_trainable(False)
-            agent.backend.weights_changed()
+            nudge(agent, 0.02)
         sides[backend] = agents
 
     def one_round(agents, r: int) -> tuple[int, float]:
         """New tokens of both roles' batches, and the seconds of the trainee's sync among them."""
         trainee = agents["captioner"]  # an update moved its adapter: the engine syncs it (verified)
-        trainee.set_trainable(True)
-        with torch.no_grad():
-            for p in trainee.trainable_parameters():
-                p.add_(torch.randn_like(p) * 1e-3)
-        trainee.set_trainable(False)
-        trainee.backend.weights_changed()
+        nudge(trainee, 1e-3)
         start = time.perf_counter()
         trainee.backend.sync()  # what its first generation would do (HF: nothing)
         sync = time.perf_counter() - start

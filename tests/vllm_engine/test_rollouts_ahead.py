@@ -14,6 +14,7 @@ from agentcap.agents.adapters import LoraSpec  # noqa: E402
 from agentcap.agents.agent import AgentConfig, build_agent, pad_right  # noqa: E402
 from agentcap.agents.backends.weights import trainable_weights  # noqa: E402
 from agentcap.rollout.pipeline import RolloutPipeline  # noqa: E402
+from learner import load_weights  # noqa: E402
 
 PROMPTS = [{"agent": "policy", "messages": [{"role": "user", "content": text}], "media": {}}
            for text in ("Name a colour.", "Say one word about the sea.")]
@@ -31,13 +32,6 @@ def _logprobs(agent, generations) -> list[torch.Tensor]:
     with torch.no_grad():
         rows = agent.completion_logprobs(agent.encode(PROMPTS), completion, mask)
     return [row[: g.completion_ids.numel()] for g, row in zip(generations, rows)]
-
-
-def _load(agent, weights) -> None:
-    params = dict(agent.model.named_parameters())
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(tensor)
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
@@ -69,9 +63,9 @@ def test_each_batch_is_sampled_with_the_weights_one_step_back(smollm2_folder, ki
         assert backend.adapter.version == 3 and backend.llm.llm_engine.list_loras() == {3}
     final = trainable_weights(agent.model)
     for step, batch in enumerate(batches):
-        _load(agent, thetas[max(0, step - 1)])
+        load_weights(agent, thetas[max(0, step - 1)])
         sampled_with = _logprobs(agent, batch)
-        _load(agent, thetas[step])
+        load_weights(agent, thetas[step])
         current = _logprobs(agent, batch)
         for g, want, now in zip(batch, sampled_with, current):
             gap = float((g.sampler_logprobs - want).abs().max())
@@ -80,7 +74,7 @@ def test_each_batch_is_sampled_with_the_weights_one_step_back(smollm2_folder, ki
             assert gap < SAME_POLICY_TOL
             if step >= 1:
                 assert moved > 50 * SAME_POLICY_TOL  # the engine really held the older weights
-    _load(agent, final)
+    load_weights(agent, final)
     agent.set_trainable(False)
     after = agent.generate(PROMPTS, seeds=[0, 1])  # outside the pipeline: a plain sync to the learner's weights
     assert backend.syncs == 4 and not backend.stale

@@ -23,6 +23,7 @@ from agentcap.agents.backends import served as served_module  # noqa: E402
 from agentcap.agents.backends.served import ServedBackend  # noqa: E402
 from agentcap.agents.backends.weights import trainable_weights  # noqa: E402
 from agentcap.rollout.pipeline import RolloutPipeline  # noqa: E402
+from learner import load_weights  # noqa: E402
 
 OBS = {"agent": "policy", "messages": [{"role": "user", "content": "Describe a sound."}], "media": {}}
 
@@ -33,15 +34,20 @@ def served_options(tmp_path) -> dict:
                        "start_timeout": 1800}}  # a shared 2-core machine: an earlier run gave up at 900 s
 
 
-def update_and_sample(agent, version: int, touched: str, scale: float) -> list:
-    """Move the weights whose name has ``touched`` (an "update"), sync, and sample two rollouts:
-    the server must hold version ``version``, verified by the probe's log-probs."""
+def update(agent, touched: str, scale: float) -> None:
+    """An "update": move the weights whose name has ``touched``; the backend hears of it."""
     with torch.no_grad():
         for name, p in agent.model.named_parameters():
             if touched in name:
                 p.add_(torch.randn_like(p) * scale)
+    agent.backend.weights_changed()
+
+
+def update_and_sample(agent, version: int, touched: str, scale: float) -> list:
+    """:func:`update`, sync, and sample two rollouts: the server must hold version ``version``,
+    verified by the probe's log-probs."""
+    update(agent, touched, scale)
     backend = agent.backend
-    backend.weights_changed()
     out = backend.sample([OBS, OBS], {}, greedy=False, seeds=[3, 4])
     assert backend.version == version
     print(f"sync {version} ({touched}): probe max |dlogp| = {backend.gap:.3g} (tolerance {backend.tolerance:g})")
@@ -66,16 +72,9 @@ def test_served_engine_takes_adapter_versions_at_run_time(smollm2_folder, tmp_pa
         backend.close()
 
 
-def _load(agent, weights) -> None:
-    params = dict(agent.model.named_parameters())
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(tensor)
-
-
 def _learner_logprobs(agent, generations, weights) -> list[torch.Tensor]:
     """The learner's log-probs of each rollout with ``weights`` loaded, one row at a time (no padding)."""
-    _load(agent, weights)
+    load_weights(agent, weights)
     with torch.no_grad():
         return [agent.completion_logprobs(agent.encode([OBS]), g.completion_ids[None],
                                           torch.ones_like(g.completion_ids[None]))[0] for g in generations]
@@ -103,11 +102,7 @@ def samples_ahead_with_the_previous_adapter(agent) -> None:
             name = stand_in.expected(max(0, step - 1))
             assert {g.sampler_version for g in batch} == {name}, "every rollout names the version it came from"
             batches.append(batch)
-            with torch.no_grad():  # the update: it moves every log-prob
-                for pname, p in agent.model.named_parameters():
-                    if "lora_B" in pname:
-                        p.add_(torch.randn_like(p) * 0.02)
-            agent.backend.weights_changed()
+            update(agent, "lora_B", 0.02)  # moves every log-prob
     finally:
         pipeline.close()
     final = trainable_weights(agent.model)
@@ -122,7 +117,7 @@ def samples_ahead_with_the_previous_adapter(agent) -> None:
             assert gap <= 2 * tolerance
             if step >= 1:
                 assert moved > 10 * tolerance
-    _load(agent, final)
+    load_weights(agent, final)
     agent.set_trainable(False)
 
 

@@ -14,6 +14,7 @@ from agentcap.agents.adapters import LoraSpec  # noqa: E402
 from agentcap.agents.agent import AgentConfig, build_agents, pad_right  # noqa: E402
 from agentcap.agents.backends.weights import trainable_weights  # noqa: E402
 from agentcap.rollout.pipeline import RolloutPipeline  # noqa: E402
+from learner import load_weights  # noqa: E402
 
 SAME_POLICY_TOL = 2e-3  # fp32 engine vs fp32 learner (tests/vllm_engine/test_backend.py)
 
@@ -28,13 +29,6 @@ def _logprobs(agent, generations) -> list[torch.Tensor]:
     with torch.no_grad():
         rows = agent.completion_logprobs(agent.encode(_prompts(agent.name)), completion, mask)
     return [row[: g.completion_ids.numel()] for g, row in zip(generations, rows)]
-
-
-def _load(agent, weights) -> None:
-    params = dict(agent.model.named_parameters())
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(tensor)
 
 
 def _step(agent, optimizer, batch) -> None:
@@ -105,9 +99,9 @@ def test_two_roles_on_one_engine_each_verified_and_one_trains_ahead(smollm2_fold
     assert engine.llm_engine.list_loras() == {1, backend.adapter.ids[backend.adapter.version]}
     final = trainable_weights(captioner.model)
     for step, batch in enumerate(batches):
-        _load(captioner, thetas[max(0, step - 1)])
+        load_weights(captioner, thetas[max(0, step - 1)])
         sampled_with = _logprobs(captioner, batch)
-        _load(captioner, thetas[step])
+        load_weights(captioner, thetas[step])
         current = _logprobs(captioner, batch)
         for g, want, now in zip(batch, sampled_with, current):
             gap, moved = float((g.sampler_logprobs - want).abs().max()), float((g.sampler_logprobs - now).abs().max())
@@ -115,7 +109,7 @@ def test_two_roles_on_one_engine_each_verified_and_one_trains_ahead(smollm2_fold
             assert gap < SAME_POLICY_TOL
             if step >= 1:
                 assert moved > 50 * SAME_POLICY_TOL
-    _load(captioner, final)
+    load_weights(captioner, final)
     captioner.set_trainable(False)
     # after the stage: a plain sync of the captioner; the composer's adapter is still its own
     after = captioner.generate(_prompts("captioner"), seeds=[0, 1])
