@@ -1,6 +1,7 @@
 """Rollouts ahead of the update under ``grpo_fsdp`` (issue 33): every agent samples through a vLLM
-engine of its own (tests/fake_vllm.py), the main thread gathers each snapshot and takes every
-collective, the rollout thread only drives the engine.
+engine of its own (tests/fake_vllm.py) or the rank's `vllm serve` (the fake server of
+tests/test_served_backend.py), the main thread gathers each snapshot and takes every collective, the
+rollout thread only drives the engine.
 
 Two gloo processes: step s samples with exactly the gathered θ_{max(0, s−K)}, each install is
 verified, no collective (a sharded forward, a DTensor gather, a lock-step all-reduce) ever runs in
@@ -166,6 +167,109 @@ def test_k1_under_fsdp_samples_with_the_gathered_weights_and_no_collective_runs_
     one = _steps(agent, 1, sharded=False)
     assert one["tokens"] == ranks[0]["tokens"]
     assert one["thetas"] == pytest.approx(ranks[0]["thetas"], rel=1e-5)
+
+
+def _served_steps(agent, k: int, sharded: bool, collectives: list[str] | None = None) -> dict:
+    """K-stale steps through the rank's fake `vllm serve` (LoRA): take R_s, then an update of the NLL
+    of its samples; returns the adapter each step's batch asked for, and the adapter sums."""
+    from test_served_ahead import adapter_sum, request_for
+
+    from agentcap.agents.tokens import pad_right
+
+    optimizer = torch.optim.SGD(agent.trainable_parameters(), lr=0.5)
+    pipeline = RolloutPipeline(k)
+    pipeline.begin(0, agent)
+    request = request_for(agent)
+    sums, names, tokens = [], [], []
+    for step in range(STEPS):
+        sums.append(adapter_sum(agent))  # gathered: a collective, in this (the main) thread
+        batch, staleness = pipeline.take(step, STEPS - 1, agent, request)
+        assert staleness == step - max(0, step - k)
+        names.append(sorted({str(span.sampler_version) for span in batch.spans}))
+        tokens.append([span.completion_ids.tolist() for span in batch.spans])
+        completion, mask = pad_right([span.completion_ids for span in batch.spans], agent.tokenizer.pad_token_id)
+        share = dist.get_world_size() if sharded else 1
+        observations = [span.observation for span in batch.spans]
+        loss = -(agent.completion_logprobs(agent.encode(observations), completion, mask) * mask).sum() / share
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        agent.sync_weights()
+    pipeline.close()
+    return {"sums": sums, "names": names, "tokens": tokens, "gap": agent.backend.gap,
+            "collective_threads": sorted(set(collectives or []))}
+
+
+def _served_agent():
+    from test_served_backend import lora_agent
+
+    torch.manual_seed(0)  # the same adapter initialisation on every rank (and in one process)
+    agent = lora_agent()
+    agent.set_trainable(True)
+    return agent
+
+
+def _served_rank(rank: int, port: int, out: str, k: int) -> None:
+    from test_served_ahead import Recording
+    from test_served_backend import fake_for, serve
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from agentcap.parallel.sharding import shard_agents
+
+    fakes: list = []
+    with process_group(rank, port):
+        agent = _served_agent()
+        fake = fake_for(agent, fakes, Recording)  # this rank's server: a copy of the unsharded model
+        urls: list = [None, None]
+        dist.all_gather_object(urls, fake.url)  # every rank lists all; each takes urls[rank::world]
+        serve(agent, fake, Path(out) / f"rank{rank}", urls=urls)
+        shard_agents({"policy": agent}, init_device_mesh("cpu", (2,)))
+        threads: list[str] = []
+        _record_collectives(agent.model, threads)
+        result = _served_steps(agent, k, sharded=True, collectives=threads)
+        result["loaded"] = fake.loaded_sums
+        result["events"] = fake.events
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(result))
+    for fake in fakes:
+        fake.close()
+
+
+@pytest.mark.slow  # 2 gloo processes, each with its fake `vllm serve`
+def test_k1_under_fsdp_through_served_engines_installs_the_gathered_adapter_of_step_s_minus_1(tmp_path):
+    """``backend: served`` under grpo_fsdp, K = 1: each rank's server gets the adapter gathered in the
+    main thread between updates, R_s asks for θ_max(0, s−1)'s version by name, and the rollout thread
+    (HTTP, files) runs no collective; both ranks, and one process, see the same samples and weights."""
+    from test_served_ahead import Recording
+    from test_served_backend import fake_for, serve
+
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}").mkdir()
+    run_in_two_processes(_served_rank, str(tmp_path), 1)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for result in ranks:
+        assert all(len(names) == 1 for names in result["names"])  # one version per batch
+        versions = [names[0] for names in result["names"]]
+        assert versions[0] == versions[1] != versions[2] != versions[3]  # steps 0 and 1 share θ_0's adapter
+        # the server held exactly the adapter gathered at step max(0, s-1) when R_s was sampled
+        assert [result["loaded"][v] for v in versions] == pytest.approx(
+            [result["sums"][max(0, s - 1)] for s in range(STEPS)], rel=1e-6)
+        assert result["loaded"][versions[2]] != pytest.approx(result["sums"][2], rel=1e-6)  # not the newer one
+        assert result["gap"] < 1e-4  # every install verified on the probe
+        assert result["collective_threads"] == ["MainThread"]
+        rollouts = [name for event, name in result["events"] if event == "rollout"]
+        assert rollouts == [v for v in versions for _ in range(2)]
+    assert ranks[0]["sums"] == pytest.approx(ranks[1]["sums"], rel=1e-6)
+    assert ranks[0]["tokens"] == ranks[1]["tokens"]
+    fakes: list = []
+    try:  # one process, unsharded: the same samples and adapters (N processes = 1)
+        agent = _served_agent()
+        serve(agent, fake_for(agent, fakes, Recording), tmp_path / "one")
+        one = _served_steps(agent, 1, sharded=False)
+    finally:
+        for fake in fakes:
+            fake.close()
+    assert one["tokens"] == ranks[0]["tokens"]
+    assert one["sums"] == pytest.approx(ranks[0]["sums"], rel=1e-5)
 
 
 def test_hf_sampling_under_fsdp_is_refused_naming_the_backend_that_works(tmp_path, fake_vllm):

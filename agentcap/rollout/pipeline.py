@@ -85,20 +85,20 @@ class RolloutPipeline:
     def check_sharded(max_staleness: int, agents: Mapping[str, Agent] | None = None) -> None:
         """Under ``grpo_fsdp`` every forward of a sharded agent is a collective: a rollout thread's
         forwards would interleave with the update's collectives differently on each rank. So every
-        agent must sample through a vLLM engine of its own (rank-local, no collective): the main thread
-        gathers each snapshot between updates, syncs the frozen roles' engines when the stage begins,
-        scores the episodes and takes the learner's log-probs, and the worker only drives engines."""
+        agent must sample through an engine that holds weights of its own: a vLLM engine (rank-local)
+        or the rank's ``vllm serve`` processes. The main thread gathers each snapshot (and the learner's
+        probe log-probs) between updates, syncs the frozen roles' engines when the stage begins, scores
+        the episodes and takes the learner's log-probs; the worker only drives engines (and HTTP)."""
         if not max_staleness:
             return
-        hf = sorted(name for name, agent in (agents or {}).items() if not isinstance(agent.backend, VLLMBackend))
+        hf = sorted(name for name, agent in (agents or {}).items()
+                    if not isinstance(agent.backend, (VLLMBackend, ServedBackend)))
         if agents is None or hf:
             named = ", ".join(f"agents.{name}.backend" for name in hf) or "an agent's backend"
-            kind = "served" if hf and all(isinstance(agents[n].backend, ServedBackend) for n in hf) else "hf"
-            why = ("served engines are not offered ahead of the update under grpo_fsdp yet" if kind == "served" else
-                   "a sharded agent's generate is a collective, which the rollout thread would run against the update's")
             raise ConfigError(
                 f"--model.max_staleness {max_staleness} under --trainer.strategy grpo_fsdp needs every agent to "
-                f"sample through a vLLM engine, but {named} is {kind} ({why}); set backend: vllm, or use "
+                f"sample through a vLLM engine, but {named} is hf (a sharded agent's generate is a collective, "
+                "which the rollout thread would run against the update's); set backend: vllm (or served), or use "
                 "max_staleness 0, or grpo_ddp / ddp"
             )
 
@@ -131,10 +131,22 @@ class RolloutPipeline:
             return request(step)(None), 0
         if self._sampler is None:
             raise RuntimeError("RolloutPipeline.take before begin() of a GRPO stage")
+        jobs, now = [], None
         for later in range(step, min(step + self.max_staleness, last_step) + 1):
             if later not in self._pending:
-                snapshot, version = self._saved.pop(later, None) or (self._sampler.backend.snapshot(agent), step)
-                self._submit(later, request(later), snapshot, version)
+                saved = self._saved.pop(later, None)
+                if saved is None:  # one snapshot of θ_step for every batch queued with it
+                    now = now or (self._sampler.backend.snapshot(agent), step)
+                    saved = now
+                jobs.append((later, *saved))
+        # every batch counted before the first starts: a version whose batch finishes before a sibling
+        # is counted would be released (a served adapter unloaded) and installed again under a new name
+        queued = getattr(self._sampler.backend, "queued", None)
+        if queued is not None:
+            for _, _, version in jobs:
+                queued(version)
+        for later, snapshot, version in jobs:
+            self._submit(later, request(later), snapshot, version)
         future, _, version = self._pending.pop(step)
         if step - version > self.max_staleness:
             raise StaleRolloutError(f"step {step}: its rollouts were queued with the weights of step {version}, "
@@ -157,9 +169,6 @@ class RolloutPipeline:
                                     f"(the weights of step {version}) but came from {seen}")
 
     def _submit(self, step: int, run, snapshot: dict[str, Any], version: int) -> None:
-        queued = getattr(self._sampler.backend, "queued", None)  # a served sampler keeps the version loaded
-        if queued is not None:
-            queued(version)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="agentcap-rollout")
         future = self._executor.submit(self._rollout, run, snapshot, version)

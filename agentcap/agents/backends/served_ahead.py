@@ -28,8 +28,9 @@ from typing import Any
 
 from agentcap.agents.backends.served import ServedBackend
 from agentcap.agents.backends.verify import learner_logprobs
-from agentcap.agents.backends.weights import trainable_weights
+from agentcap.agents.backends.weights import gathered_weights, trainable_weights
 from agentcap.agents.generation import Generation
+from agentcap.parallel.sharding import is_sharded
 
 
 class ServedAhead:
@@ -49,10 +50,17 @@ class ServedAhead:
 
     def snapshot(self, learner) -> dict[str, Any]:
         """In the main thread, between updates: the trainable tensors (a LoRA agent's adapter, on the host)
-        and the learner's log-probs of the probe, all :meth:`load` needs later."""
+        and the learner's log-probs of the probe, all :meth:`load` needs later. Under ``grpo_fsdp`` every
+        gather and the probe's forward are collectives, so they all run here; the rollout thread only
+        writes files and talks HTTP."""
         served = self.served
-        weights = (served.adapter.tensors() if served.adapter is not None
-                   else trainable_weights(served.agent.model, whole=True))
+        model = served.agent.model
+        if served.adapter is not None:
+            weights = served.adapter.tensors()  # whole tensors, gathered
+        elif is_sharded(model):
+            weights = gathered_weights(model)
+        else:
+            weights = trainable_weights(model, whole=True)
         return {"weights": weights, "probe": learner_logprobs(served.agent, served.probe)}
 
     def queued(self, version: int) -> None:

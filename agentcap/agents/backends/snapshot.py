@@ -51,19 +51,27 @@ def sampler_copy(agent):
         return twin
     if isinstance(backend, VLLMBackend):
         backend.llm, backend.probe  # built here, in the main thread, not by the rollout thread
-        shared = {id(agent.model): agent.model, id(backend): backend}
-        twin = copy.deepcopy(agent, shared)  # the model and the engine stay the learner's
+        twin = copy.deepcopy(agent, _shared(agent))  # the model and the engine stay the learner's
         twin.trainable = False  # not set_trainable: that would freeze the learner's shared model
         twin.backend = EngineSnapshot(twin, backend)
         return twin
     if isinstance(backend, ServedBackend):
         backend.servers, backend.probe  # connected and checked here, in the main thread
-        twin = copy.deepcopy(agent, {id(agent.model): agent.model, id(backend): backend})
+        twin = copy.deepcopy(agent, _shared(agent))
         twin.trainable = False
         twin.backend = ServedAhead(twin, backend)
         return twin
     raise ValueError(f"agents.{agent.name}: rollouts ahead of the update need an hf, vllm or served backend "
                      f"(got {type(backend).__name__})")
+
+
+def _shared(agent) -> dict[int, Any]:
+    """What a stand-in that never runs the model shares with the learner (a ``deepcopy`` memo): the
+    backend and every module, the peft wrapper's included (FSDP refuses to copy a sharded module)."""
+    modules = list(agent.model.modules())
+    if agent.adapters is not None:
+        modules += list(agent.adapters.peft_model.modules())
+    return {id(agent.backend): agent.backend, **{id(m): m for m in modules}}
 
 
 class SnapshotBackend:
