@@ -396,3 +396,50 @@ def test_k1_fit_under_fsdp_killed_and_resumed_equals_the_uninterrupted_run(fsdp_
     resumed = _engine_fit(config, *fsdp)
     assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-3000:]
     _assert_same(_outcome(fsdp_run), _outcome(tmp_path / "killed"))
+
+
+@pytest.mark.slow  # `agentcap fit`: 2 processes under grpo_fsdp, a fake `vllm serve` each (in this process)
+def test_k1_fit_under_fsdp_through_served_engines(tmp_path, toy_movie, engine_folders):
+    """The whole fit under grpo_fsdp with ``backend: served`` (LoRA), K = 1: it runs, checkpoints (an
+    adapter agent's state dict under torch.distributed.checkpoint) and finishes; every GRPO step after
+    the first is one step stale, each rank samples through its own server, and every rollout asks for
+    a version its server held at the time (loaded before, unloaded after)."""
+    import yaml
+    from test_served_ahead import Recording
+
+    from agentcap.agents.adapters import LoraSpec
+    from agentcap.agents.agent import AgentConfig, build_agent
+
+    lora = {"r": 4, "alpha": 8}
+    base = build_agent("policy", AgentConfig(model=str(engine_folders[0]), tokenizer=str(engine_folders[1]),
+                                             peft=LoraSpec(**lora)))
+    fakes = [Recording(base.adapters.peft_model, adapter=base.adapters.name) for _ in range(2)]
+    try:
+        config = _engine_config(tmp_path / "served", toy_movie, engine_folders)
+        document = yaml.safe_load(config.read_text())
+        document["model"]["agents"]["policy"].update(backend="served", peft=lora, vllm={"served": {
+            "urls": [fake.url for fake in fakes], "model": "base", "folder": str(tmp_path / "sync")}})
+        config.write_text(yaml.safe_dump(document, sort_keys=False))
+        result = _engine_fit(config, "--trainer.devices=2", "--trainer.strategy=grpo_fsdp")
+        assert result.returncode == 0, result.stderr[-4000:]
+    finally:
+        for fake in fakes:
+            fake.close()
+    _, _, rows = _outcome(tmp_path / "served")
+    assert [float(r["async/staleness"]) for r in rows] == [0.0] + [1.0] * 5
+    # (this LoRA barely leaves its start, so the server's and the learner's log-probs agree on every step:
+    # that R_s holds exactly θ_(s-1)'s adapter is the gloo test's above)
+    assert max(float(r["loss/policy/sampler_gap_max"]) for r in rows) < 1e-4
+    for fake in fakes:  # each rank's own server, every rollout inside its version's load ... unload
+        held: set[str] = set()
+        rollouts = 0
+        for event, name in fake.events:
+            if event == "load":
+                held.add(name)
+            elif event == "unload":
+                held.discard(name)
+            else:
+                assert name in held, f"a rollout asked for {name} outside its load … unload"
+                rollouts += 1
+        assert rollouts > 0 and len({n for e, n in fake.events if e == "load"}) >= 5
+    assert {n.split(".")[0] for e, n in fakes[0].events} != {n.split(".")[0] for e, n in fakes[1].events}

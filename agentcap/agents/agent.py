@@ -196,6 +196,13 @@ class Agent(nn.Module):
         return super().train(False)
 
     @property
+    def adapter_base_fingerprint(self) -> torch.Tensor | None:
+        """The base's fingerprint that an adapter agent's state dict carries (``Adapters``' hooks), as an
+        attribute too: ``torch.distributed.checkpoint`` (Lightning's ``grpo_fsdp`` checkpoints) resolves
+        every state-dict key to an attribute, and refused this one without it."""
+        return self.adapters.base_fingerprint if self.adapters is not None else None
+
+    @property
     def eos_ids(self) -> list[int]:
         ids = {self.tokenizer.eos_token_id}
         gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
