@@ -32,5 +32,8 @@ def test_the_smoke_run_covers_every_part_without_the_missing_packages(tmp_path):
     assert grpo["rows"] == 4 and grpo["generate_tokens_per_s"] > 0
     assert prefix["prompts"] == 6 and prefix["same_answer"] == 1.0 and prefix["max_abs_logit_gap"] < 0.05
     assert results["vllm"]["status"].startswith("vllm: not installed")
+    ahead = results["async"]  # K = 1 against K = 0 through the rollout pipeline
+    assert ahead["pairs"] == 1 and len(ahead["k1_over_k0"]) == 1 and ahead["k0_step_s"] > 0 and ahead["k1_step_s"] > 0
     assert grpo["step"].startswith("agentcap (GRPOModule.update") and "agentcap's own step" in done.stdout
     assert "| agentcap's grpo step, FSDP2 bf16-mixed (" in done.stdout and "| prefix reader (" in done.stdout and "| vllm engine |" in done.stdout
+    assert "| rollouts ahead, K = 1 vs K = 0 (" in done.stdout

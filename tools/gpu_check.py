@@ -28,6 +28,13 @@ Parts, each printed as a row of one table and written to ``<out>/gpu_check.json`
 3. ``vllm``: if ``import vllm`` works, one engine (bf16, the same config saved as a folder): generate
    tokens/s, then sleep level 1 and wake-up times with the device memory each frees; else
    "vllm: not installed".
+4. ``async``: rollouts ahead of the update (``model.max_staleness`` K = 1, ``agentcap.rollout.pipeline``)
+   against the serial step (K = 0) on the same model, unsharded, bf16 autocast: each step takes its
+   rollouts through the pipeline (K = 1: the HF sampler copy in the rollout thread, one step behind),
+   then the update ``agentcap fit`` runs (with K = 1 its truncated importance weights). K = 0 and
+   K = 1 alternate (two pairs, each one warm-up step and two timed steps); figures: median step per K
+   and the per-pair ratio K = 1 / K = 0. On one GPU the two threads share the device, so the gain is
+   what the overlap of one thread's kernel launches and host work with the other's kernels gives.
 """
 
 from __future__ import annotations
@@ -238,6 +245,63 @@ def vllm_engine(dims: dict, size: dict, device: torch.device) -> dict:
     return result
 
 
+def async_steps(dims: dict, size: dict, device: torch.device, pairs: int = 2) -> dict:
+    """K = 1 (rollouts ahead) against K = 0, alternating, on one model (see module doc)."""
+    import statistics
+
+    from agentcap.agents.agent import Agent
+    from agentcap.algorithms.offpolicy import effective_tis_cap
+    from agentcap.rollout.pipeline import RolloutPipeline
+    from agentcap.training.harness import IdsTokenizer, UpdateHarness, autocast, rows
+    from agentcap.training.update import UpdateSettings
+
+    model = llama(dims, device)
+    t, n = size["new_tokens"], size["prompts"] * size["group"]
+    model.generation_config.min_new_tokens = t  # every step samples exactly t new tokens
+    agent = Agent("policy", model, IdsTokenizer(pad_token_id=0, eos_token_id=2), max_new_tokens=t, lr=1e-6)
+    agent.set_trainable(True)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, dims["vocab_size"], (size["prompt_tokens"],), generator=g).tolist()
+               for _ in range(size["prompts"])]
+    observations = [IdsTokenizer.observation(p) for p in prompts for _ in range(size["group"])]
+    utilities = torch.rand(n, generator=torch.Generator().manual_seed(0)).tolist()
+
+    def request(step: int):
+        seeds = [1000 * step + i for i in range(n)]
+
+        def run(stand_ins):
+            with torch.no_grad(), autocast("bf16-mixed", device):
+                return (stand_ins or {}).get("policy", agent).generate(observations, seeds=seeds, old_logprobs=False)
+        return run
+
+    def measure(k: int, steps: int = 3) -> list[float]:
+        harness = UpdateHarness(agent, UpdateSettings(minibatch_size=n, micro_batch_size=size["micro"],
+                                                      tis_cap=effective_tis_cap(None, k)), lr=1e-6,
+                                precision="bf16-mixed")
+        pipeline = RolloutPipeline(k)
+        pipeline.begin(0, agent)
+        times = []
+        for step in range(steps):
+            synchronize(device)
+            start = time.perf_counter()
+            generations, _ = pipeline.take(step, steps - 1, agent, request)
+            harness.update(rows(observations, generations, utilities, group_size=size["group"]))
+            synchronize(device)
+            if step:  # the first step warms up (and with K = 1 has nothing sampled ahead)
+                times.append(time.perf_counter() - start)
+        pipeline.close()
+        return times
+
+    k0, k1, ratios = [], [], []
+    for _ in range(pairs):
+        a, b = measure(0), measure(1)
+        k0 += a
+        k1 += b
+        ratios.append(statistics.median(b) / statistics.median(a))
+    return {"pairs": pairs, "rows": n, "new_tokens": t, "k0_step_s": statistics.median(k0),
+            "k1_step_s": statistics.median(k1), "k1_over_k0": ratios, "sampler": "HF generate on the sampler copy"}
+
+
 def table(results: dict) -> str:
     """The figures, one row per part."""
     lines = ["| part | figures |", "|---|---|"]
@@ -265,6 +329,12 @@ def table(results: dict) -> str:
             figures += (f"; sleep L1 {v['sleep_s']:.2f} s frees {v['sleep_frees_gib']:.1f} GiB; "
                         f"wake {v['wake_s']:.2f} s")
         lines.append(f"| vllm engine | {figures} |")
+    a = results.get("async")
+    if a:
+        lines.append(f"| rollouts ahead, K = 1 vs K = 0 ({a['sampler']}, {a['rows']} rows × {a['new_tokens']} new tokens, "
+                     f"{a['pairs']} alternating pairs) | median step K = 0 {a['k0_step_s']:.2f} s, K = 1 "
+                     f"{a['k1_step_s']:.2f} s; K = 1 / K = 0 per pair "
+                     + ", ".join(f"{r:.2f}" for r in a["k1_over_k0"]) + " |")
     return "\n".join(lines)
 
 
@@ -272,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="every part at tiny size on the CPU")
     parser.add_argument("--out", default=os.environ.get("OUT", "runs/gpu_check"), help="folder for gpu_check.json")
-    parser.add_argument("--parts", default="grpo,prefix,vllm", help="comma-separated subset to run")
+    parser.add_argument("--parts", default="grpo,prefix,vllm,async", help="comma-separated subset to run")
     parser.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="the chip's dense bf16 peak")
     args = parser.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -287,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
           "FSDP2, bf16-mixed)", flush=True)
     parts = {"grpo": lambda: grpo_step(dims, size, device, args.peak_tflops),
              "prefix": lambda: prefix_reader(dims, size, device),
-             "vllm": lambda: vllm_engine(dims, size, device)}
+             "vllm": lambda: vllm_engine(dims, size, device),
+             "async": lambda: async_steps(dims, size, device, pairs=1 if args.smoke else 2)}
     failed = []
     for name in args.parts.split(","):
         start = time.perf_counter()

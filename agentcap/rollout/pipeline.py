@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 
 from agentcap.agents.agent import Agent, AgentConfig
@@ -27,11 +27,13 @@ from agentcap.agents.backends.served import ServedBackend
 from agentcap.agents.backends.snapshot import sampler_copy
 from agentcap.agents.backends.vllm import VLLMBackend
 from agentcap.core.settings import ConfigError
-from agentcap.rollout.driver import RolloutBatch
+
+if TYPE_CHECKING:  # the driver (and its environments) are not needed to queue rollouts: tools/gpu_check.py
+    from agentcap.rollout.driver import RolloutBatch
 
 #: ``request(step)`` is called in the main thread (items, seeds: anything that may talk to other
 #: ranks); the callable it returns rolls out, in the worker, with ``stand_ins`` acting for their roles.
-Request = Callable[[int], Callable[[Mapping[str, Agent] | None], RolloutBatch]]
+Request = Callable[[int], Callable[[Mapping[str, Agent] | None], "RolloutBatch"]]
 
 #: backends that sample in a second thread while the learner updates
 AHEAD = ("hf", "vllm", "served")
@@ -160,10 +162,11 @@ class RolloutPipeline:
         sampler names versions (served engines: the adapter, or the weight version, each reply came from)."""
         sampler = self._sampler
         expected = getattr(sampler.backend, "expected", None)
-        if expected is None or not isinstance(batch, RolloutBatch):
+        spans = getattr(batch, "spans", None)  # a RolloutBatch's; a bare list of generations names no agent
+        if expected is None or spans is None:
             return
         want = expected(version)
-        seen = sorted({str(s.sampler_version) for s in batch.spans if s.agent == sampler.name} - {want})
+        seen = sorted({str(s.sampler_version) for s in spans if s.agent == sampler.name} - {want})
         if seen:
             raise StaleRolloutError(f"agents.{sampler.name}: step {step}'s rollouts were queued with {want!r} "
                                     f"(the weights of step {version}) but came from {seen}")
