@@ -15,11 +15,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# Each test runs a whole recipe's smallest setting with the 171M audio LM: 10–30 min on two cores, so
-# they are opt-in (AGENTCAP_RECIPE_TESTS=1); CI covers one SFT and one GRPO step of the same model in
-# tests/test_audio_lm.py.
+# Each test runs a whole recipe's smallest setting with the 171M audio LM (both: about 5 min on two
+# cores, 4.1 GB), so they are opt-in (AGENTCAP_RECIPE_TESTS=1); CI covers one SFT and one GRPO step of
+# the same model in tests/test_audio_lm.py.
 pytestmark = pytest.mark.skipif(os.environ.get("AGENTCAP_RECIPE_TESTS") != "1",
-                                reason="whole real recipes (10-30 min on 2 cores): set AGENTCAP_RECIPE_TESTS=1")
+                                reason="whole real recipes (about 5 min on 2 cores): set AGENTCAP_RECIPE_TESTS=1")
+WARM_START = "runs/real/audiomap-sft/export/policy"  # configs/real/audiomap-sft.yaml's run, exported
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +42,15 @@ def small_world(tmp_path_factory) -> Path:
 
 
 def smallest(recipe: str, world: Path, run_dir: Path, stages: list[dict]) -> Path:
-    """The recipe with its data in ``world``, one item per batch, and ``stages``."""
+    """The recipe with its data in ``world``, one item per batch, and ``stages``; a role that starts
+    from AudioMap's warm start starts from the assembled model here (the warm start is an hour's run)."""
+    from agentcap.agents.audio_lm import cached_audio_lm
+
     config = yaml.safe_load((ROOT / "configs" / "real" / recipe).read_text())
     model = config["model"]
+    for agent in model["agents"].values():
+        if agent.get("model") == WARM_START:
+            agent["model"] = str(cached_audio_lm())
     for split in ("train", "val", "test"):
         model["env"][split] = {"manifest": str(world / f"{split}.jsonl")}
     model["benchmark"] = {**model["benchmark"], "path": str(world / "benchmark.jsonl"), "limit": 3}
@@ -71,7 +78,7 @@ def test_real_audiomap_recipe_takes_an_sft_and_a_grpo_step(small_world, tmp_path
     # the GRPO recipe starts from the warm start's export; here both steps run on the assembled model
     warm = yaml.safe_load((ROOT / "configs/real/audiomap-sft.yaml").read_text())["model"]
     grpo = yaml.safe_load((ROOT / "configs/real/audiomap.yaml").read_text())["model"]
-    assert grpo["agents"]["policy"]["model"] == f"{warm['run_dir']}/export/policy"
+    assert grpo["agents"]["policy"]["model"] == f"{warm['run_dir']}/export/policy" == WARM_START
     config = smallest("audiomap-sft.yaml", small_world, tmp_path / "run", [
         {"name": "sft", "kind": "sft", "agent": "policy", "steps": 1, "lr": 1e-3},
         {"name": "grpo_r2", "kind": "grpo", "agent": "policy", "steps": 1},
@@ -83,6 +90,8 @@ def test_real_audiomap_recipe_takes_an_sft_and_a_grpo_step(small_world, tmp_path
 
 @pytest.mark.slow  # three agents (two adapters on one audio LM, SmolLM2 text-only): warm-ups, a Composer GRPO step, S1
 def test_real_acecap_recipe_takes_sft_and_a_grpo_step(small_world, tmp_path):
+    agents = yaml.safe_load((ROOT / "configs/real/acecap.yaml").read_text())["model"]["agents"]
+    assert agents["captioner"]["model"] == WARM_START and agents["instruct"]["share_base_with"] == "captioner"
     config = smallest("acecap.yaml", small_world, tmp_path / "run", [
         {"name": "sft_captioner", "kind": "sft", "agent": "captioner", "steps": 1, "lr": 1e-3},
         {"name": "sft_instruct", "kind": "sft", "agent": "instruct", "steps": 1, "lr": 1e-3},

@@ -2,9 +2,10 @@
 # Run a real-speech recipe (configs/real/NAME.yaml) over seeds, JOBS at once, each under
 # /usr/bin/time -v (wall time, peak RSS in RUNS/NAME-demo-sSEED.time), then the tables with 95 %
 # intervals over seeds (agentcap.evaluation.seeds, as tools/seeds.sh prints them).
-# AudioMap's GRPO starts from one SFT warm start (configs/real/audiomap-sft.yaml, seed 0), run and
-# exported first when runs/real/audiomap-sft/export/policy is missing.
+# AudioMap's GRPO and ACE-Cap's audio roles start from one SFT warm start (configs/real/audiomap-sft.yaml,
+# seed 0), run and exported first when runs/real/audiomap-sft/export/policy is missing.
 #   JOBS=1 bash tools/real_seeds.sh audiomap 1 2 3
+#   OMP_NUM_THREADS=1 JOBS=2 bash tools/real_seeds.sh acecap 3 4
 #   PAIRS=before_sft:before_grpo,before_grpo:after_grpo SKIP_RUNS=1 bash tools/real_seeds.sh audiomap 1 2 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}  # the figures in docs/real.md: 2 t
 export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2} MKL_CBWR=${MKL_CBWR:-AVX2} ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-AVX2}
 [ -f data/real_speech/benchmark.jsonl ] || .venv/bin/python tools/make_real_speech.py --out data/real_speech --seed 0
 warm=runs/real/audiomap-sft
-if [ "$name" = audiomap ] && [ -z "${SKIP_RUNS:-}" ] && [ ! -f "$warm/export/policy/config.json" ]; then
+if [ -z "${SKIP_RUNS:-}" ] && [ ! -f "$warm/export/policy/config.json" ]; then
   /usr/bin/time -v -o "$warm.time" .venv/bin/agentcap fit --config configs/real/audiomap-sft.yaml > "$warm.log" 2>&1
   .venv/bin/agentcap export --config configs/real/audiomap-sft.yaml --out "$warm/export" >> "$warm.log" 2>&1
 fi
