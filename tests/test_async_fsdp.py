@@ -73,11 +73,24 @@ def _fingerprint(weights) -> float:
     return float(sum(t.detach().double().sum() for t in weights))
 
 
+def _nll_update(agent, optimizer, observations, completions, sharded: bool) -> None:
+    """One optimiser step on the NLL of the sampled completions; each rank's share of the global loss
+    (agentcap sums the ranks' gradients)."""
+    from agentcap.agents.tokens import pad_right
+
+    completion, mask = pad_right(completions, agent.tokenizer.pad_token_id)
+    share = dist.get_world_size() if sharded else 1
+    loss = -(agent.completion_logprobs(agent.encode(observations), completion, mask) * mask).sum() / share
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    agent.sync_weights()
+
+
 def _steps(agent, k: int, sharded: bool, collectives: list[str] | None = None) -> dict:
     """K-stale GRPO-like steps: take R_s (sampled by the rollout thread through the engine), then an
     update of the NLL of its samples; returns what each batch was sampled with."""
     from agentcap.agents.backends.weights import gathered_weights
-    from agentcap.agents.tokens import pad_right
     from agentcap.training.old_policy import fill_old_logprobs_together
 
     engine = agent.backend._llm
@@ -104,14 +117,7 @@ def _steps(agent, k: int, sharded: bool, collectives: list[str] | None = None) -
                 for o, g in zip(_observations(), batch)]
         fill_old_logprobs_together(agent, rows[: 1 if sharded and dist.get_rank() == 1 else 2], 1)
         assert all(r.old_logprobs is not None for r in rows[:1])
-        completion, mask = pad_right([g.completion_ids for g in batch], agent.tokenizer.pad_token_id)
-        # each rank's share of the global loss (agentcap sums the ranks' gradients)
-        share = dist.get_world_size() if sharded else 1
-        loss = -(agent.completion_logprobs(agent.encode(_observations()), completion, mask) * mask).sum() / share
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        agent.sync_weights()
+        _nll_update(agent, optimizer, _observations(), [g.completion_ids for g in batch], sharded)
     pipeline.close()
     return {"thetas": thetas, "held": held, "tokens": tokens, "syncs": agent.backend.syncs,
             "gap": agent.backend.gap, "engine_threads": sorted(set(engine.threads)),
@@ -174,8 +180,6 @@ def _served_steps(agent, k: int, sharded: bool, collectives: list[str] | None = 
     of its samples; returns the adapter each step's batch asked for, and the adapter sums."""
     from test_served_ahead import adapter_sum, request_for
 
-    from agentcap.agents.tokens import pad_right
-
     optimizer = torch.optim.SGD(agent.trainable_parameters(), lr=0.5)
     pipeline = RolloutPipeline(k)
     pipeline.begin(0, agent)
@@ -187,14 +191,8 @@ def _served_steps(agent, k: int, sharded: bool, collectives: list[str] | None = 
         assert staleness == step - max(0, step - k)
         names.append(sorted({str(span.sampler_version) for span in batch.spans}))
         tokens.append([span.completion_ids.tolist() for span in batch.spans])
-        completion, mask = pad_right([span.completion_ids for span in batch.spans], agent.tokenizer.pad_token_id)
-        share = dist.get_world_size() if sharded else 1
-        observations = [span.observation for span in batch.spans]
-        loss = -(agent.completion_logprobs(agent.encode(observations), completion, mask) * mask).sum() / share
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        agent.sync_weights()
+        _nll_update(agent, optimizer, [span.observation for span in batch.spans],
+                    [span.completion_ids for span in batch.spans], sharded)
     pipeline.close()
     return {"sums": sums, "names": names, "tokens": tokens, "gap": agent.backend.gap,
             "collective_threads": sorted(set(collectives or []))}
@@ -405,7 +403,7 @@ def test_k1_fit_under_fsdp_through_served_engines(tmp_path, toy_movie, engine_fo
     the first is one step stale, each rank samples through its own server, and every rollout asks for
     a version its server held at the time (loaded before, unloaded after)."""
     import yaml
-    from test_served_ahead import Recording
+    from test_served_ahead import Recording, most_held
 
     from agentcap.agents.adapters import LoraSpec
     from agentcap.agents.agent import AgentConfig, build_agent
@@ -431,15 +429,6 @@ def test_k1_fit_under_fsdp_through_served_engines(tmp_path, toy_movie, engine_fo
     # that R_s holds exactly θ_(s-1)'s adapter is the gloo test's above)
     assert max(float(r["loss/policy/sampler_gap_max"]) for r in rows) < 1e-4
     for fake in fakes:  # each rank's own server, every rollout inside its version's load ... unload
-        held: set[str] = set()
-        rollouts = 0
-        for event, name in fake.events:
-            if event == "load":
-                held.add(name)
-            elif event == "unload":
-                held.discard(name)
-            else:
-                assert name in held, f"a rollout asked for {name} outside its load … unload"
-                rollouts += 1
-        assert rollouts > 0 and len({n for e, n in fake.events if e == "load"}) >= 5
+        most_held(fake.events)
+        assert any(e == "rollout" for e, _ in fake.events) and len({n for e, n in fake.events if e == "load"}) >= 5
     assert {n.split(".")[0] for e, n in fakes[0].events} != {n.split(".")[0] for e, n in fakes[1].events}

@@ -79,6 +79,22 @@ def adapter_sum(agent) -> float:
     return float(sum(t.double().sum() for t in agent.backend.adapter.tensors().values()))
 
 
+def most_held(events) -> int:
+    """The most versions a server held at once; asserts that every rollout asked for a version between
+    its load and its unload."""
+    held: set[str] = set()
+    most = 0
+    for event, name in events:
+        if event == "load":
+            held.add(name)
+            most = max(most, len(held))
+        elif event == "unload":
+            held.discard(name)
+        elif event == "rollout":
+            assert name in held, f"a rollout asked for {name} outside its load … unload"
+    return most
+
+
 def request_for(agent, seeds_of=lambda step: [10 * step + 1, 10 * step + 2]):
     """A 'rollout' of step s: two generations of the stand-in, as a RolloutBatch of spans (so the
     pipeline checks their versions)."""
@@ -110,15 +126,7 @@ def test_each_batch_samples_with_the_adapter_of_its_step_and_old_ones_unload_aft
     loads = [n for e, n in fake.events if e == "load"]
     assert len(loads) == steps - k, "one version per learner step, installed once"
     assert fake.adapters == {}, "every version unloaded once its batches were done"
-    held: set[str] = set()
-    for event, name in fake.events:  # a version is loaded before its rollouts and unloaded only after the last
-        if event == "load":
-            held.add(name)
-            assert len(held) <= k + 1
-        elif event == "unload":
-            held.discard(name)
-        else:
-            assert name in held, f"a rollout asked for {name} outside its load … unload"
+    assert most_held(fake.events) <= k + 1
     for name in loads:
         last_rollout = max(i for i, (e, n) in enumerate(fake.events) if e == "rollout" and n == name)
         assert fake.events.index(("unload", name)) > last_rollout
