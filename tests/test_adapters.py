@@ -8,7 +8,7 @@ import torch
 
 from agentcap.agents.adapters import LoraSpec
 from agentcap.agents.agent import AgentConfig, build_agent, build_agents, pad_right
-from agentcap.agents.reference import AdaptersDisabled, kl_reference
+from agentcap.agents.reference import AdaptersAtStageStart, AdaptersDisabled, kl_reference
 from agentcap.training.harness import UpdateHarness, rows
 
 LORA = LoraSpec(r=4, alpha=8)
@@ -113,6 +113,51 @@ def test_kl_reference_is_the_base_with_adapters_disabled_not_a_copy():
     with torch.no_grad():
         torch.testing.assert_close(ref, plain.completion_logprobs(inputs, completion, mask))
         assert not torch.allclose(ref, agent.completion_logprobs(inputs, completion, mask))  # adapters back on
+
+
+def test_stage_start_reference_is_the_adapter_as_the_stage_began_and_leaves_the_policy_as_it_is():
+    """kl_reference: stage_start, for a GRPO stage after the role's own warm-up: π_ref is the warmed-up
+    adapter, not the base; its pass swaps the adapter in and out without touching the policy or its
+    gradients, and its state loads into another agent's reference."""
+    from agentcap.training.update import UpdateSettings
+
+    agent = build_agent("policy", AgentConfig(tiny={"kind": "qwen2"}, peft=LORA, max_new_tokens=5))
+    agent.set_trainable(True)
+    train(agent)  # the warm-up
+    obs = observations(3, "policy")
+    gens = [g.completion_ids for g in agent.generate(obs)]
+    completion, mask = pad_right(gens, agent.tokenizer.pad_token_id)
+    inputs = agent.encode(obs)
+    with torch.no_grad():
+        at_start = agent.completion_logprobs(inputs, completion, mask)
+    reference = kl_reference(agent, mode="stage_start")
+    assert isinstance(reference, AdaptersAtStageStart)
+    assert reference.weights and all(".lora_" in k for k in reference.weights)
+
+    # the stage's first update: policy = reference, so the KL is 0 and the backward still works
+    harness = UpdateHarness(agent, UpdateSettings(beta=0.1), lr=1e-2, reference=reference)
+    batch = rows(obs, agent.generate(obs))
+    for row, advantage in zip(batch, (1.0, -1.0, 0.5)):
+        row.advantage = advantage
+    assert abs(harness.update(batch)["kl"]) < 1e-6
+    for _ in range(2):
+        harness.update(batch)
+    live = {k: v.clone() for k, v in agent.model.state_dict().items()}
+    ref = reference.completion_logprobs(agent, inputs, completion, mask)
+    torch.testing.assert_close(ref, at_start, rtol=0, atol=0)
+    assert all(torch.equal(v, live[k]) for k, v in agent.model.state_dict().items())  # swapped back
+    with torch.no_grad():
+        assert not torch.allclose(ref, agent.completion_logprobs(inputs, completion, mask))  # the policy moved
+        with agent.adapters.disabled():
+            assert not torch.allclose(ref, agent.completion_logprobs(inputs, completion, mask))  # not the base
+
+    other = build_agent("policy", AgentConfig(tiny={"kind": "qwen2"}, peft=LORA, max_new_tokens=5))
+    other.set_trainable(True)
+    restored = kl_reference(other, mode="stage_start")
+    restored.load_state(reference.state())
+    torch.testing.assert_close(restored.completion_logprobs(other, inputs, completion, mask), at_start, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="other tensors"):
+        restored.load_state({"lora_A.weight": torch.zeros(1)})
 
 
 def test_checkpoint_holds_adapters_only_and_loads_back_strictly():

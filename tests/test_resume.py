@@ -167,30 +167,40 @@ def test_a_setting_added_by_a_newer_agentcap_is_no_change_at_its_default(tmp_pat
 
 
 @pytest.mark.slow  # Trainer fits
+@pytest.mark.parametrize("policy", ["full", "lora_stage_start"])
 def test_resuming_inside_a_grpo_stage_with_a_kl_reference_equals_an_uninterrupted_run(tmp_path, toy_movie,
-                                                                                      make_read_config):
+                                                                                      make_read_config, policy):
     """The stage's frozen reference comes back from the checkpoint's own entry: a checkpoint taken
     mid-stage loads, also one written when the reference was a submodule whose weights it held as
-    well (they once refused to load), and the run ends with the uninterrupted run's weights and summary."""
+    well (they once refused to load), and the run ends with the uninterrupted run's weights and summary.
+    A LoRA agent's stage-start reference (its adapter after the SFT stage) comes back the same way."""
     stages = [{"name": "sft", "kind": "sft", "agent": "policy", "steps": 1},
-              {"name": "grpo", "kind": "grpo", "agent": "policy", "steps": 3},
+              {"name": "grpo", "kind": "grpo", "agent": "policy", "steps": 5},
               {"name": "after", "kind": "evaluate", "split": "test"}]
     runs = {}
     for name in ("whole", "killed"):
-        config = make_read_config(tmp_path / name, toy_movie, stages, sft_batch_size=2, beta=0.05)
+        extra = {} if policy == "full" else {"kl_reference": "stage_start"}
+        config = make_read_config(tmp_path / name, toy_movie, stages, sft_batch_size=2, beta=0.05, **extra)
+        document = yaml.safe_load(config.read_text())
+        document["model"]["agents"]["policy"]["max_new_tokens"] = 32  # room to end: rewards with spread, a moving policy
+        if policy != "full":
+            document["model"]["agents"]["policy"]["peft"] = {"r": 8, "alpha": 16}
+        config.write_text(yaml.safe_dump(document, sort_keys=False))
         shutil.move(config, tmp_path / f"{name}.yaml")
         main(["fit", "--config", str(tmp_path / f"{name}.yaml"), "--checkpoint_every", "1", "--checkpoint_keep", "9"])
         runs[name] = tmp_path / name
     folder = runs["killed"] / "checkpoints"
-    for path in [folder / "last.ckpt", *(folder / f"tick-{t:06d}.ckpt" for t in (3, 4, 5))]:
-        path.unlink()  # as a kill after the first GRPO step leaves it
+    for path in [folder / "last.ckpt", *(folder / f"tick-{t:06d}.ckpt" for t in (5, 6, 7))]:
+        path.unlink()  # as a kill after the third GRPO step (the first with spread: the policy has moved) leaves it
     (runs["killed"] / "summary.json").unlink()
-    saved = torch.load(folder / "tick-000002.ckpt", weights_only=True)
+    saved = torch.load(folder / "tick-000004.ckpt", weights_only=True)
     assert saved["agentcap"]["reference"] is not None
+    if policy != "full":  # the adapter as the GRPO stage began, not a copy of the model
+        assert all(".lora_" in k for k in saved["agentcap"]["reference"])
     assert not any(k.startswith("_reference.") for k in saved["state_dict"])  # saved once, as stage state
     # as checkpoints written before agentcap 0.1.1 hold it: also as module weights
     saved["state_dict"].update({f"_reference.model.{k}": v for k, v in saved["agentcap"]["reference"].items()})
-    torch.save(saved, folder / "tick-000002.ckpt")
+    torch.save(saved, folder / "tick-000004.ckpt")
     main(["fit", "--config", str(tmp_path / "killed.yaml"), "--checkpoint_every", "1", "--checkpoint_keep", "9"])
     a, b = (torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for run in runs.values())
     assert a.keys() == b.keys() and not any(k.startswith("_reference.") for k in a)

@@ -1,14 +1,17 @@
 """The KL reference π_ref of a GRPO stage: the trainable agent as it was when the stage began, or
-for a LoRA agent its own model with the adapters disabled (the base; no copy, no state).
+for a LoRA agent, by default, its own model with the adapters disabled (the base; no copy, no state).
 
-Departure for LoRA: after an SFT stage the reference is the base *before* SFT, where a full
-fine-tune's reference is the policy at the start of the GRPO stage.
+Departure for LoRA (``kl_reference: base``, the default): after an SFT stage the reference is the
+base *before* SFT, where a full fine-tune's reference is the policy at the start of the GRPO stage.
+``kl_reference: stage_start`` gives a LoRA agent the paper's reference too: its adapter weights as
+the stage began (:class:`AdaptersAtStageStart`), which matters when the stage follows the role's own
+warm-up (ACE-Cap's Algorithm 1) and costs one copy of the adapter.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -37,6 +40,16 @@ class Reference:
                 param.copy_(live[name])  # DTensor to DTensor of the same placement: local
         self.model = mirror
 
+    def state(self, full: bool = True) -> dict[str, Any]:
+        from agentcap.parallel.sharding import model_state
+
+        return model_state(self.model, full)
+
+    def load_state(self, state) -> None:
+        from agentcap.parallel.sharding import load_model_state
+
+        load_model_state(self.model, state)
+
     @torch.no_grad()
     def completion_logprobs(self, agent: Agent, inputs: dict[str, Any], completion, mask) -> torch.Tensor:
         live = agent.family.model
@@ -56,11 +69,66 @@ class AdaptersDisabled:
     def __init__(self, agent: Agent):
         self.adapters = agent.adapters
 
+    def state(self, full: bool = True) -> None:
+        return None
+
+    def load_state(self, state) -> None:
+        pass
+
     @torch.no_grad()
     def completion_logprobs(self, agent: Agent, inputs: dict[str, Any], completion, mask) -> torch.Tensor:
         with self.adapters.disabled():
             return agent.completion_logprobs(inputs, completion, mask)
 
 
-def kl_reference(agent: Agent, mirror: torch.nn.Module | None = None) -> Reference | AdaptersDisabled:
-    return AdaptersDisabled(agent) if agent.adapters is not None else Reference(agent, mirror)
+class AdaptersAtStageStart:
+    """A LoRA agent's reference as the policy at the start of its stage: a copy of its own adapter
+    (and ``modules_to_save``) weights, swapped in for the reference pass and back out.
+
+    The pass must run before the policy's forward of the same step (``training.update`` does), so
+    no saved activation sees the swap. Not under ``grpo_fsdp``: a sharded adapter's copy would need
+    its own sharded checkpoint entry."""
+
+    model = None
+
+    def __init__(self, agent: Agent):
+        from agentcap.parallel.sharding import is_sharded
+
+        if is_sharded(agent.model):
+            raise ValueError(f"kl_reference: stage_start is not supported for the sharded LoRA agent {agent.name!r} "
+                             "(grpo_fsdp); use kl_reference: base")
+        self.weights = {name: p.detach().clone() for name, p in self._own(agent).items()}
+
+    @staticmethod
+    def _own(agent: Agent) -> dict[str, torch.nn.Parameter]:
+        own = {id(p) for p in agent.adapters.own_parameters()}
+        return {name: p for name, p in agent.model.named_parameters() if id(p) in own}
+
+    def state(self, full: bool = True) -> dict[str, torch.Tensor]:
+        return dict(self.weights)
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        if set(state) != set(self.weights):
+            raise ValueError(f"the checkpoint's stage-start adapter has other tensors than the agent's: "
+                             f"{sorted(set(state) ^ set(self.weights))[:3]}")
+        self.weights = {name: state[name].to(w.device, w.dtype) for name, w in self.weights.items()}
+
+    @torch.no_grad()
+    def completion_logprobs(self, agent: Agent, inputs: dict[str, Any], completion, mask) -> torch.Tensor:
+        live = self._own(agent)
+        current = {name: live[name].detach().clone() for name in self.weights}
+        for name, weight in self.weights.items():
+            live[name].copy_(weight)
+        try:
+            return agent.completion_logprobs(inputs, completion, mask)
+        finally:
+            for name, weight in current.items():
+                live[name].copy_(weight)
+
+
+def kl_reference(agent: Agent, mirror: torch.nn.Module | None = None,
+                 mode: Literal["base", "stage_start"] = "base") -> Reference | AdaptersDisabled | AdaptersAtStageStart:
+    """π_ref for ``agent``'s GRPO stage; ``mode`` matters only for a LoRA agent (module docstring)."""
+    if agent.adapters is None:
+        return Reference(agent, mirror)
+    return AdaptersAtStageStart(agent) if mode == "stage_start" else AdaptersDisabled(agent)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentcap.parallel.sharding import model_state, optimizer_state
+from agentcap.parallel.sharding import optimizer_state
 from agentcap.resume import entries
 
 
@@ -31,9 +31,8 @@ class CheckpointHooks:
             entries.STAGES: [stage.name for stage in self.schedule.stages],
             entries.OPTIMIZER: None if self._optimizer is None else optimizer_state(self._trainable(), self._optimizer, full),
             entries.SCHEDULER: None if self._scheduler is None else self._scheduler.state_dict(),
-            # a LoRA agent's reference is its own base (no state); a full fine-tune's is a copy
-            entries.REFERENCE: None if getattr(self._reference, "model", None) is None
-            else model_state(self._reference.model, full),
+            # a LoRA agent's reference is its own base (no state) or its stage-start adapter; a full fine-tune's is a copy
+            entries.REFERENCE: None if self._reference is None else self._reference.state(full),
             entries.REPLAY: self.replay.state(active),
             entries.ROLLOUTS: self.pipeline.state(),  # max_staleness: batches in flight, as the snapshots that sample them
         }

@@ -57,7 +57,7 @@ from agentcap.evaluation.tasks import reference_field
 from agentcap.judges.pool import shard_judges
 from agentcap.judges.replies import invalid_count
 from agentcap.parallel import distributed
-from agentcap.parallel.sharding import is_sharded, load_model_state, load_optimizer_state, mixed_precision, shard_agents
+from agentcap.parallel.sharding import is_sharded, load_optimizer_state, mixed_precision, shard_agents
 from agentcap.resume import entries
 from agentcap.resume.checkpoints import TickCheckpoint
 from agentcap.rollout.driver import RolloutBatch, Span
@@ -122,6 +122,8 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         clip_eps: ε of the clipped ratio (lower side; also the upper side unless clip_eps_high).
         clip_eps_high: upper clip ε, for asymmetric clipping.
         beta: KL coefficient; 0 skips the reference model.
+        kl_reference: a LoRA agent's π_ref: ``base`` (adapters off) or ``stage_start`` (its adapter as
+            the GRPO stage began, as a full fine-tune's always is; ``agents.reference``).
         eps_norm: ε in the group normalisation of utilities (LOOP Eq. 17).
         advantage_std: ``population`` (ours, documented in ``algorithms.loop``) or ``unbiased``
             (TRL's; with ``eps_norm: 1e-4`` it matches TRL's advantages).
@@ -161,6 +163,7 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         clip_eps: float = 0.2,
         clip_eps_high: float | None = None,
         beta: float = 0.0,
+        kl_reference: Literal["base", "stage_start"] = "base",
         eps_norm: float = 1e-6,
         advantage_std: Literal["population", "unbiased"] = "population",
         loss_aggregation: Literal["token", "sequence"] = "token",
@@ -208,6 +211,7 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         self.minibatch_size, self.ppo_epochs = minibatch_size, ppo_epochs
         self.micro_batch_size = micro_batch_size
         self.clip_eps, self.clip_eps_high, self.beta, self.eps_norm = clip_eps, clip_eps_high, beta, eps_norm
+        self.kl_reference = kl_reference
         self.advantage_std, self.loss_aggregation = advantage_std, loss_aggregation
         self.sft_batch_size, self.max_grad_norm, self.weight_decay = sft_batch_size, max_grad_norm, weight_decay
         self.eval_limit, self.eval_metrics, self.generation_batch_size = eval_limit, eval_metrics, generation_batch_size
@@ -235,6 +239,9 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
             # full fine-tunes with a KL reference get a sharded frozen copy now (agents.reference)
             kl = {s.agent for s in self.schedule.stages if s.kind == "grpo"} if self.beta > 0 else set()
             mirrored = {name for name in kl if self.agents[name].adapters is None}
+            if self.kl_reference == "stage_start" and kl - mirrored:
+                raise ConfigError(f"--model.kl_reference stage_start is not supported under grpo_fsdp for the LoRA "
+                                  f"agents {sorted(kl - mirrored)}: use --model.kl_reference base")
             mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
             policy = mixed_precision(self.trainer.precision)  # bf16-mixed: bf16 all-gathers and compute
             self._mirrors.update(shard_agents(self.agents, mesh, mirrored, policy))
@@ -314,7 +321,7 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
             self._optimizer = build_optimizer(agent, lr, self.weight_decay)
             self._scheduler = build_scheduler(self._optimizer, stage)
             if stage.kind == "grpo" and self.beta > 0:
-                self._reference = kl_reference(agent, self._mirrors.get(agent.name))
+                self._reference = kl_reference(agent, self._mirrors.get(agent.name), self.kl_reference)
         restored = self.restored_for(index)
         if restored is not None:
             if self._optimizer is not None and restored.get(entries.OPTIMIZER):
@@ -322,7 +329,7 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
             if self._scheduler is not None and restored.get(entries.SCHEDULER):
                 self._scheduler.load_state_dict(restored[entries.SCHEDULER])
             if self._reference is not None and restored.get(entries.REFERENCE):
-                load_model_state(self._reference.model, restored[entries.REFERENCE])
+                self._reference.load_state(restored[entries.REFERENCE])
         show_to_lightning(self._trainer, self._optimizer, self._scheduler, stage.agent)
         self._stage_index = index
         with_grad = {a.name for a in self.agents.values() if a.trainable_parameters()}

@@ -135,9 +135,10 @@ def policy_loss(
     pad = agent.tokenizer.pad_token_id
     completion, mask = pad_right([r.completion_ids for r in rows], pad, device)
     advantages = torch.tensor([r.advantage for r in rows], device=device)
+    # the reference pass first: a LoRA stage-start reference swaps the adapter in place (agents.reference)
+    ref = None if reference is None else reference.completion_logprobs(agent, inputs, completion, mask)
     logprobs, entropy = agent.completion_logprobs(inputs, completion, mask, with_entropy=True)
     old = old_or_current(rows, logprobs)
-    ref = None if reference is None else reference.completion_logprobs(agent, inputs, completion, mask)
     weights = token_weights(mask, normalizer=norm, mode=settings.loss_aggregation, dtype=logprobs.dtype) * scale
     sampler, _ = pad_right([r.old_logprobs if r.sampler_logprobs is None else r.sampler_logprobs for r in rows],
                            0, device)
