@@ -89,8 +89,6 @@ class AdaptersAtStageStart:
     no saved activation sees the swap. Not under ``grpo_fsdp``: a sharded adapter's copy would need
     its own sharded checkpoint entry."""
 
-    model = None
-
     def __init__(self, agent: Agent):
         from agentcap.parallel.sharding import is_sharded
 
