@@ -95,12 +95,10 @@ class AdaptersAtStageStart:
         if is_sharded(agent.model):
             raise ValueError(f"kl_reference: stage_start is not supported for the sharded LoRA agent {agent.name!r} "
                              "(grpo_fsdp); use kl_reference: base")
-        self.weights = {name: p.detach().clone() for name, p in self._own(agent).items()}
-
-    @staticmethod
-    def _own(agent: Agent) -> dict[str, torch.nn.Parameter]:
         own = {id(p) for p in agent.adapters.own_parameters()}
-        return {name: p for name, p in agent.model.named_parameters() if id(p) in own}
+        # Looked up once: moving the model between devices keeps these Parameter objects.
+        self.live = {name: p for name, p in agent.model.named_parameters() if id(p) in own}
+        self.weights = {name: p.detach().clone() for name, p in self.live.items()}
 
     def state(self, full: bool = True) -> dict[str, torch.Tensor]:
         return dict(self.weights)
@@ -113,15 +111,14 @@ class AdaptersAtStageStart:
 
     @torch.no_grad()
     def completion_logprobs(self, agent: Agent, inputs: dict[str, Any], completion, mask) -> torch.Tensor:
-        live = self._own(agent)
-        current = {name: live[name].detach().clone() for name in self.weights}
+        current = {name: p.detach().clone() for name, p in self.live.items()}
         for name, weight in self.weights.items():
-            live[name].copy_(weight)
+            self.live[name].copy_(weight)
         try:
             return agent.completion_logprobs(inputs, completion, mask)
         finally:
             for name, weight in current.items():
-                live[name].copy_(weight)
+                self.live[name].copy_(weight)
 
 
 def kl_reference(agent: Agent, mirror: torch.nn.Module | None = None,
