@@ -35,7 +35,7 @@ if [ -z "${SKIP_RUNS:-}" ]; then
   wait
 fi
 case "$name" in
-  acecap) pairs=S1:S4,S1:S5,S4:S5 ;;
+  acecap) pairs=S1:S2,S2:S3,S3:S4,S4:S5,S1:S5 ;;  # each stage's own change, and the whole
   *) pairs=before_grpo:after_grpo ;;
 esac
 .venv/bin/python tools/seed_stats.py "$name" "$@" --pairs "${PAIRS:-$pairs}" --root "$runs" | tee "$runs/$name-seeds.md"
