@@ -40,6 +40,10 @@ class Stage:
         harvest_items: training items rolled out by that harvest.
         max_duration: train only on items at most this long (seconds): AudioMap's duration
             curriculum is a short-clip stage followed by a full-range one.
+        sample_frozen: frozen roles that sample at their temperatures in this ``grpo`` stage's
+            rollouts. By default a frozen role decodes greedily, so it answers a state the same way
+            in every rollout of a group; ACE-Cap's Composer asking one question form then hears one
+            answer, and its question spans have no spread for LOOP to credit.
     """
 
     name: str
@@ -55,6 +59,7 @@ class Stage:
     max_duration: float | None = None
     harvest: dict[str, Any] | None = None
     harvest_items: int = 16
+    sample_frozen: list[str] = field(default_factory=list)
 
     def ticks(self) -> int:
         return 1 if self.kind == "evaluate" else self.steps
@@ -89,6 +94,12 @@ class Schedule:
                     raise ConfigError(f"{where}: agent {stage.agent!r} is not one of the configured agents {sorted(agents)}")
             elif stage.agent is not None:
                 raise ConfigError(f"{where}: an evaluate stage trains no agent (got agent={stage.agent!r})")
+            unknown = [name for name in stage.sample_frozen if name not in agents]
+            if unknown:
+                raise ConfigError(f"{where}: sample_frozen names {unknown}, not configured agents {sorted(agents)}")
+            if stage.sample_frozen and stage.kind != "grpo":
+                raise ConfigError(f"{where}: sample_frozen applies to grpo rollouts, not to a {stage.kind} stage "
+                                  "(an evaluate stage samples every role with greedy: false)")
             stage.check(i)
         self.stages = list(stages)
         self.starts: list[int] = []

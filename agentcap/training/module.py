@@ -395,7 +395,7 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         # through its engine): grpo_step scores the episodes and takes those log-probs in this thread
         alone = self._collective_free(agent)
         return lambda stand_ins: driver.run(
-            items, self.group_size, seed=seed, sample_agents={agent.name}, positions=positions,
+            items, self.group_size, seed=seed, sample_agents={agent.name, *stage.sample_frozen}, positions=positions,
             old_logprobs=is_sharded(agent.model) and not alone, stand_ins=stand_ins, collectives=not alone,
         )
 
