@@ -1,0 +1,35 @@
+"""tools/spread_analysis.py: tied groups per GRPO stage and kind, and the questions and answers of logged groups."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import spread_analysis  # noqa: E402
+
+STAGES = [{"name": "S1", "kind": "evaluate"}, {"name": "composer_grpo", "kind": "grpo", "agent": "composer"}]
+
+
+def test_ties_are_counted_per_stage_and_kind_and_questions_per_logged_group(tmp_path, monkeypatch):
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump({"model": {"stages": STAGES, "rollout_batch_size": 8, "group_size": 4}}))
+    history = {"a": [{"stage": 1.0, "utility/question/zero_spread": 1.0, "utility/final/zero_spread": 0.5},
+                     {"stage": 1.0, "utility/question/zero_spread": 0.5, "utility/final/zero_spread": 0.0},
+                     {"stage": 0.0}, {"other": 1.0}],
+               "b": [{"stage": 1.0, "utility/question/zero_spread": 0.0, "utility/final/zero_spread": 0.0}]}
+    monkeypatch.setattr(spread_analysis, "wandb_history", lambda run: history[Path(run).name])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    rows = [{"stage": "composer_grpo", "tick": 3, "agent": "composer", "kind": "question", "response": q}
+            for q in ("ASK : when?", "ASK : when? ", "ASK : what?")]
+    rows += [{"stage": "composer_grpo", "tick": 3, "agent": "instruct", "kind": "answer", "response": "At 1 s."}] * 3
+    (tmp_path / "a" / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n{torn")
+    text = spread_analysis.main([str(tmp_path / "a"), str(tmp_path / "b"), "--config", str(config)])
+    assert "| composer_grpo | final | 1 of 6 | 1/4, 0/2 |" in text
+    assert "| composer_grpo | question | 3 of 6 | 3/4, 0/2 |" in text
+    assert "| a | composer_grpo | (2, 1) |" in text

@@ -1,0 +1,94 @@
+"""Where a GRPO run had nothing to learn from: groups whose utilities are all equal, per stage and kind.
+
+GRPO learns only from spread inside a group; a group whose utilities tie gets zero advantages. This
+reads each run's offline W&B history (``utility/<kind>/zero_spread``, the fraction of a step's groups
+that tie) and its ``samples.jsonl`` (the first group of sampled steps: how many distinct questions the
+Composer asked and how many distinct answers the Instruct gave), per GRPO stage, summed over runs.
+
+    python tools/spread_analysis.py runs/real/v5/acecap-demo-s12 runs/real/v5/acecap-demo-s13 \\
+        --config configs/real/acecap.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from audiomap_analysis import wandb_history  # noqa: E402
+
+
+def zero_spread(run: str, stages: list[dict], groups_per_step: int) -> dict[tuple[str, str], tuple[float, int]]:
+    """(stage, kind) -> (groups that tie, groups) over the run's GRPO steps."""
+    out: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
+    for row in wandb_history(run):
+        if "stage" not in row:
+            continue
+        name = stages[int(row["stage"])]["name"]
+        for key, value in row.items():
+            if key.startswith("utility/") and key.endswith("/zero_spread"):
+                cell = out[(name, key.split("/")[1])]
+                cell[0] += value * groups_per_step
+                cell[1] += groups_per_step
+    return {k: (round(v[0]), v[1]) for k, v in out.items()}
+
+
+def sampled_groups(run: str) -> dict[str, list[tuple[int, int]]]:
+    """stage -> per logged group (distinct questions asked, distinct answers given)."""
+    path = os.path.join(run, "samples.jsonl")
+    if not os.path.exists(path):
+        return {}
+    ticks: dict[tuple[str, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    with open(path) as handle:
+        for line in handle:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row.get("kind") == "question":
+                ticks[(row["stage"], row["tick"])]["questions"].add(row["response"].strip())
+            elif row.get("agent") == "instruct":
+                ticks[(row["stage"], row["tick"])]["answers"].add(row["response"].strip())
+    out: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for (stage, _), seen in sorted(ticks.items()):
+        if seen["questions"]:
+            out[stage].append((len(seen["questions"]), len(seen["answers"])))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--config", required=True, help="the runs' recipe (stage names, group and batch sizes)")
+    args = p.parse_args(argv)
+    model = yaml.safe_load(open(args.config))["model"]
+    stages, groups = model["stages"], model["rollout_batch_size"] // model["group_size"]
+    totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    per_run: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for run in args.runs:
+        for key, (tied, n) in zero_spread(run, stages, groups).items():
+            totals[key][0] += tied
+            totals[key][1] += n
+            per_run[key].append(f"{tied}/{n}")
+    lines = ["| stage | utility kind | groups without spread | per run |", "|---|---|---|---|"]
+    order = {s["name"]: i for i, s in enumerate(stages)}
+    for (stage, kind), (tied, n) in sorted(totals.items(), key=lambda kv: (order[kv[0][0]], kv[0][1])):
+        lines.append(f"| {stage} | {kind} | {tied} of {n} | {', '.join(per_run[(stage, kind)])} |")
+    lines += ["", "| run | stage | logged groups: (distinct questions, distinct answers) |", "|---|---|---|"]
+    for run in args.runs:
+        for stage, cells in sampled_groups(run).items():
+            lines.append(f"| {os.path.basename(run)} | {stage} | {' '.join(f'({q}, {a})' for q, a in cells)} |")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
