@@ -68,7 +68,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     p.add_argument("runs", nargs="+")
     p.add_argument("--config", required=True, help="the runs' recipe (stage names, group and batch sizes)")
     args = p.parse_args(argv)
-    model = yaml.safe_load(open(args.config))["model"]
+    with open(args.config) as handle:
+        model = yaml.safe_load(handle)["model"]
     stages, groups = model["stages"], model["rollout_batch_size"] // model["group_size"]
     totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     per_run: dict[tuple[str, str], list[str]] = defaultdict(list)
