@@ -12,7 +12,6 @@ Composer asked and how many distinct answers the Instruct gave), per GRPO stage,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections import defaultdict
@@ -21,8 +20,11 @@ from collections.abc import Sequence
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from audiomap_analysis import wandb_history  # noqa: E402
+
+from agentcap.resume.appended import read_appended  # noqa: E402
 
 
 def zero_spread(run: str, stages: list[dict], groups_per_step: int) -> dict[tuple[str, str], tuple[float, int]]:
@@ -46,16 +48,11 @@ def sampled_groups(run: str) -> dict[str, list[tuple[int, int]]]:
     if not os.path.exists(path):
         return {}
     ticks: dict[tuple[str, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    with open(path) as handle:
-        for line in handle:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if row.get("kind") == "question":
-                ticks[(row["stage"], row["tick"])]["questions"].add(row["response"].strip())
-            elif row.get("agent") == "instruct":
-                ticks[(row["stage"], row["tick"])]["answers"].add(row["response"].strip())
+    for _, row in read_appended(path):  # a torn last line is named and dropped
+        if row.get("kind") == "question":
+            ticks[(row["stage"], row["tick"])]["questions"].add(row["response"].strip())
+        elif row.get("agent") == "instruct":
+            ticks[(row["stage"], row["tick"])]["answers"].add(row["response"].strip())
     out: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for (stage, _), seen in sorted(ticks.items()):
         if seen["questions"]:
