@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from agentcap.evaluation import seeds as stats
-from agentcap.evaluation.items import read_eval_items, write_eval_items
+from agentcap.evaluation.items import read_benchmark_items, read_eval_items, write_eval_items
 
 
 @pytest.mark.parametrize(
@@ -78,6 +78,38 @@ def test_report_pairs_items_and_correlates_questions(tmp_path) -> None:
     summary = tmp_path / "toy-demo-s6" / "summary.json"
     summary.write_text(json.dumps({**json.loads(summary.read_text()), "evaluate": {"reward": 1.0}}))
     assert "| evaluate |" not in stats.report("toy", ["5", "6", "7"], [("S1", "S4")], root=str(tmp_path))
+
+
+def _fake_benchmark(folder, stage: str, correct: list[bool]) -> None:
+    out = folder / "benchmarks" / stage
+    out.mkdir(parents=True)
+    rows = [{"id": f"c{i}-q0", "category": "speech content" if i % 2 else "sound events", "correct": c}
+            for i, c in enumerate(correct)]
+    (out / "benchmark_items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_report_pairs_benchmark_questions_one_by_one(tmp_path) -> None:
+    # two seeds, four questions: seed 5 gains question 0, seed 6 gains question 1 and loses question 3
+    for seed, before, after in ((5, [0, 0, 1, 1], [1, 0, 1, 1]), (6, [0, 0, 1, 1], [0, 1, 1, 0])):
+        _fake_run(tmp_path, seed, 0.0)
+        folder = tmp_path / f"toy-demo-s{seed}"
+        _fake_benchmark(folder, "S1", [bool(c) for c in before])
+        _fake_benchmark(folder, "S4", [bool(c) for c in after])
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["S1"]["benchmark/accuracy"], summary["S4"]["benchmark/accuracy"] = np.mean(before), np.mean(after)
+        (folder / "summary.json").write_text(json.dumps(summary))
+    assert read_benchmark_items(str(tmp_path / "toy-demo-s5"), "S4")["benchmark:c0-q0"] == {
+        "benchmark/accuracy": 1.0, "benchmark/sound events": 1.0}
+    assert read_benchmark_items(str(tmp_path / "toy-demo-s5"), "S2") == {}  # no benchmark asked there
+    text = stats.report("toy", ["5", "6"], [("S1", "S4")], root=str(tmp_path),
+                        metrics=["benchmark/accuracy", "benchmark/speech content"])
+    over_items = stats.mean_interval([1, 0, 0, 0, 0, 1, 0, -1])  # after - before, question by question
+    assert f"| {over_items} (n=8) |" in text
+    assert "| benchmark/speech content |" in text and "(n=4) |" in text  # questions 1 and 3 of each seed
+    bad = tmp_path / "toy-demo-s5" / "benchmarks" / "S1" / "benchmark_items.jsonl"
+    bad.write_text('{"id": "c0-q0"}\n')
+    with pytest.raises(ValueError, match=r"benchmark_items.jsonl, line 1: .*'correct'"):
+        read_benchmark_items(str(tmp_path / "toy-demo-s5"), "S1")
 
 
 def test_report_names_tuned_seeds_and_missing_runs(tmp_path) -> None:

@@ -6,7 +6,9 @@ evidence trace) and every value the stage averaged, under its ``summary.json`` n
 component, each numeric episode extra). Why per item: a stage's means hide how much they vary.
 Paired differences per item (after − before on the same clip) and correlations over items
 (ACE-Cap's questions per episode against a clip's event count) need the values of every item;
-``tools/seed_stats.py`` reads them. The file is also a predictions file for
+``tools/seed_stats.py`` reads them, and the stage's benchmark questions
+(``<run_dir>/benchmarks/<stage>/benchmark_items.jsonl``, ``read_benchmark_items``) the same way: a
+gain of a few questions in 37 is only visible paired question by question. The file is also a predictions file for
 ``agentcap evaluate --predictions`` (it has ``id``, ``caption`` and READ's ``context``).
 """
 
@@ -46,4 +48,28 @@ def read_eval_items(run_dir: str, stage: str) -> dict[str, dict[str, Any]]:
             if line.strip():
                 row = json.loads(line)
                 rows[row.pop("id")] = row
+    return rows
+
+
+def read_benchmark_items(run_dir: str, stage: str) -> dict[str, dict[str, float]]:
+    """One stage's benchmark questions keyed ``benchmark:<question id>``, each with the per-item values
+    of the stage's benchmark metrics: ``benchmark/accuracy`` and ``benchmark/<category>``, 1.0 when the
+    judge chose the answer, else 0.0. Empty when the stage asked no benchmark."""
+    path = os.path.join(run_dir, "benchmarks", stage, "benchmark_items.jsonl")
+    if not os.path.isfile(path):
+        return {}
+    rows: dict[str, dict[str, float]] = {}
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                correct = float(bool(row["correct"]))
+                key = f"benchmark:{row['id']}"
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}, line {number}: not a benchmark item with 'id' and 'correct' ({err})") from None
+            rows[key] = {"benchmark/accuracy": correct}
+            if row.get("category"):
+                rows[key][f"benchmark/{row['category']}"] = correct
     return rows

@@ -6,7 +6,8 @@ over seeds nobody tuned on, with an interval. For each metric this prints
 * every stage's mean over seeds with a t interval (df = seeds − 1);
 * for each (before, after) pair of stages, the paired difference over seeds (the training run's
   noise: does the gain hold for a new seed?) and over items (after − before on the same held-out
-  item, pooled over seeds: is the evaluation set large enough to see the gain?);
+  item, pooled over seeds: is the evaluation set large enough to see the gain?; benchmark metrics
+  pair question by question);
 * for ACE-Cap, the Pearson correlation between the questions a Composer asked and the clip's
   number of events, per stage (the adaptive stopping the paper claims), and what asking enough
   pays: G2P of the evidence and of the final caption when the Composer asked at least as many
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import scipy.stats
 
-from agentcap.evaluation.items import read_eval_items
+from agentcap.evaluation.items import read_benchmark_items, read_eval_items
 
 # Seeds the demo recipes were tuned on in earlier stops (issues 3, 4, 6); figures that claim a gain
 # come from other seeds.
@@ -160,7 +161,8 @@ def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], ro
     for stage in stages:
         cells = [str(mean_interval([summaries[s][stage].get(m, float("nan")) for s in seeds])) for m in names]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
-    items = {(s, st): read_eval_items(f, st) for s, f in runs.items() for pair in pairs for st in pair}
+    items = {(s, st): {**read_eval_items(f, st), **read_benchmark_items(f, st)}
+             for s, f in runs.items() for pair in pairs for st in pair}
     for before, after in pairs:
         lines += ["", f"Paired {after} − {before}: over seeds (df = seeds − 1), and over held-out items pooled over seeds.", "",
                   "| metric | before | after | Δ over seeds | Δ over items | per seed |", "|---|---|---|---|---|---|"]
