@@ -51,25 +51,32 @@ def read_eval_items(run_dir: str, stage: str) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def read_benchmark_items(run_dir: str, stage: str) -> dict[str, dict[str, float]]:
-    """One stage's benchmark questions keyed ``benchmark:<question id>``, each with the per-item values
-    of the stage's benchmark metrics: ``benchmark/accuracy`` and ``benchmark/<category>``, 1.0 when the
-    judge chose the answer, else 0.0. Empty when the stage asked no benchmark."""
+
+def read_benchmark_rows(run_dir: str, stage: str) -> dict[str, dict[str, Any]]:
+    """One stage's ``benchmarks/<stage>/benchmark_items.jsonl`` rows keyed by question id (each with
+    ``correct``, the judge's ``letter``, ``category``…). Empty when the stage asked no benchmark."""
     path = os.path.join(run_dir, "benchmarks", stage, "benchmark_items.jsonl")
     if not os.path.isfile(path):
         return {}
-    rows: dict[str, dict[str, float]] = {}
+    rows: dict[str, dict[str, Any]] = {}
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-                correct = float(bool(row["correct"]))
-                key = f"benchmark:{row['id']}"
+                rows[row["id"]] = {**row, "correct": bool(row["correct"])}
             except (json.JSONDecodeError, KeyError, TypeError) as err:
                 raise ValueError(f"{path}, line {number}: not a benchmark item with 'id' and 'correct' ({err})") from None
-            rows[key] = {"benchmark/accuracy": correct}
-            if row.get("category"):
-                rows[key][f"benchmark/{row['category']}"] = correct
     return rows
+
+
+def read_benchmark_items(run_dir: str, stage: str) -> dict[str, dict[str, float]]:
+    """The per-item values of a stage's benchmark metrics, keyed ``benchmark:<question id>``:
+    ``benchmark/accuracy`` and ``benchmark/<category>``, 1.0 when the judge chose the answer, else 0.0."""
+    items: dict[str, dict[str, float]] = {}
+    for question, row in read_benchmark_rows(run_dir, stage).items():
+        items[f"benchmark:{question}"] = {"benchmark/accuracy": float(row["correct"])}
+        if row.get("category"):
+            items[f"benchmark:{question}"][f"benchmark/{row['category']}"] = float(row["correct"])
+    return items
