@@ -106,7 +106,10 @@ class EvidenceGameEnv(CaptionEnv):
     how many gold questions the warm-start demonstrations ask (``needed``: as many as the gold MCQ
     bank rewards beyond c0, see ``needed_questions``; ``random``: a per-item draw that ignores the
     clip; ``padded``: the needed ones plus a per-item draw of redundant ones, so only LOOP-GRPO can
-    teach when to stop), and which (see ``demonstrations``). audio_check: ``header`` (each clip's
+    teach when to stop), and which (see ``demonstrations``). demo_c0: the Captioner's warm-start
+    target, ``short`` (the short caption: it names the sounds, the Composer asks for the rest) or
+    ``dense`` (the gold caption: a Captioner that already writes dense captions, e.g. AudioMap's warm
+    start, keeps what it hears, and the Composer asks for what c0 lacks). audio_check: ``header`` (each clip's
     header at load; decoded, and a truncated file or NaN / Inf samples refused naming the row, when
     the item is used) or ``decode`` (every clip decoded at load, so ``on_error: skip`` drops those too).
 
@@ -140,6 +143,7 @@ class EvidenceGameEnv(CaptionEnv):
         preserve_weight: float = 1.0,
         demo_questions: int | Literal["needed", "random", "padded"] | None = None,
         demo_order: Literal["manifest", "shuffled"] = "manifest",
+        demo_c0: Literal["short", "dense"] = "short",
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
         max_skip_fraction: float = 0.1,
@@ -168,6 +172,9 @@ class EvidenceGameEnv(CaptionEnv):
         if demo_order not in ("manifest", "shuffled"):
             raise ValueError(f"demo_order must be 'manifest' or 'shuffled', got {demo_order!r}")
         self.demo_order = demo_order
+        if demo_c0 not in ("short", "dense"):
+            raise ValueError(f"demo_c0 must be 'short' or 'dense', got {demo_c0!r}")
+        self.demo_c0 = demo_c0
         self._examiner = None
         if mode == "instruct":
             for i, item in enumerate(self.items):
@@ -279,7 +286,7 @@ class EvidenceGameEnv(CaptionEnv):
     # --- supervised warm start ----------------------------------------------------------------
     def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
         """Every role's targets from the gold data, in game order: c0 = the short caption (else the
-        gold caption's first sentence), min(demo_questions, K) gold questions (``needed``: those of
+        gold caption's first sentence; with ``demo_c0="dense"`` the gold caption itself), min(demo_questions, K) gold questions (``needed``: those of
         :meth:`needed_questions`, so the count follows the clip; ``random``: those first, then the
         clip's other pairs, cut at a count drawn from 0..K by the item's id, so the count does not
         follow the clip; ``padded``: the same with the count drawn from needed..K), each followed by
@@ -291,6 +298,8 @@ class EvidenceGameEnv(CaptionEnv):
         across items, so the warm-started Instruct can answer whatever the Composer later asks."""
         # the first sentence of the gold caption, when there is no short caption ("4.7 s" does not end one)
         c0 = item.get("short_caption") or (sentences(item["caption"]) or [item["caption"]])[0]
+        if self.demo_c0 == "dense":
+            c0 = item["caption"]
         # never more questions than the game allows: the K-th answer is followed by the final turn
         qa = [(q["question"], q["answer"]) for q in item.get("qa", [])]
         draw = random.Random(zlib.crc32(str(item["id"]).encode()))

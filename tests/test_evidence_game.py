@@ -392,6 +392,17 @@ def test_shuffled_demonstrations_are_seeded_by_the_item_and_spread_over_events(m
         make(demo_order="random")
 
 
+def test_dense_c0_demonstrates_the_gold_caption_and_needs_no_question_for_it(make, sound_rows):
+    env = make(budget=2, demo_questions="needed", demo_c0="dense").unwrapped
+    for i, item in enumerate(env.items):
+        targets = [t for _, t in env.demonstrations(item)]
+        assert targets[0] == sound_rows[i]["caption"] != sound_rows[i]["short_caption"]
+        # c0 already holds every fact the bank asks about: the Composer is shown to stop at once
+        assert targets[1:] == ["READY", sound_rows[i]["caption"]]
+    with pytest.raises(ValueError, match="demo_c0.*'long'"):
+        make(demo_c0="long")
+
+
 def test_needed_demonstrations_ask_one_question_per_event_then_stop(make, sound_rows):
     env = make(budget=4, demo_questions="needed").unwrapped
     counts = set()
