@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -443,8 +444,18 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         items = self.splits.item_indices(stage, self._stage_index or 0, step, self.sft_batch_size)
         for index in distributed.share(items, "SFT items")[0]:
             demos.extend((o, a) for o, a in env.demonstrations(env.items[index]) if o["agent"] == agent.name)
-        if not demos:
-            raise ValueError(f"stage {stage.name!r}: the environment gives no demonstrations for {agent.name!r}")
+        if not distributed.global_sums([float(len(demos))], self.device)[0]:
+            # e.g. demo_questions "random" / "padded" drew no question for any item of the step: nothing
+            # to teach this role, so no update (the next step draws other items); a stage that never
+            # demonstrates the role warns every step
+            if self.trainer.is_global_zero:
+                warnings.warn(f"agentcap: SFT stage {stage.name!r} step {step}: its items demonstrate no "
+                              f"{agent.name!r} turn; the step makes no update", UserWarning, stacklevel=2)
+            self._emit({f"sft/{agent.name}/empty_steps": 1.0, "stage": float(self._stage_index or 0)})
+            return
+        if not demos:  # other ranks have some: this one cannot take part in their passes
+            raise ValueError(f"stage {stage.name!r} step {step}: this process's items demonstrate no {agent.name!r} "
+                             "turn while other processes' do; raise sft_batch_size")
         targets = agent.encode_completions([a for _, a in demos])
         norm = distributed.global_sums([float(sum(t.numel() for t in targets))], self.device)[0]
         loss_sum = 0.0
