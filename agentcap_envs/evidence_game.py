@@ -286,12 +286,12 @@ class EvidenceGameEnv(CaptionEnv):
     # --- supervised warm start ----------------------------------------------------------------
     def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
         """Every role's targets from the gold data, in game order: c0 = the short caption (else the
-        gold caption's first sentence; with ``demo_c0="dense"`` the gold caption itself), min(demo_questions, K) gold questions (``needed``: those of
-        :meth:`needed_questions`, so the count follows the clip; ``random``: those first, then the
-        clip's other pairs, cut at a count drawn from 0..K by the item's id, so the count does not
-        follow the clip; ``padded``: the same with the count drawn from needed..K), each followed by
-        its gold answer (Instruct), READY when fewer than K were asked, then the gold caption as the
-        final caption.
+        gold caption's first sentence; with ``demo_c0="dense"`` the gold caption itself),
+        min(demo_questions, K) gold questions (``needed``: those of :meth:`needed_questions`, so the
+        count follows the clip; ``random``: those first, then the clip's other pairs, cut at a count
+        drawn from 0..K by the item's id, so the count does not follow the clip; ``padded``: the same
+        with the count drawn from needed..K), each followed by its gold answer (Instruct), READY when
+        fewer than K were asked, then the gold caption as the final caption.
 
         The questions are the manifest's first ones, or with ``demo_order="shuffled"`` a draw seeded
         by the item's id: the same for an item every time, but spread over every event and attribute

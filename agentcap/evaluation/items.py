@@ -8,8 +8,9 @@ Paired differences per item (after − before on the same clip) and correlations
 (ACE-Cap's questions per episode against a clip's event count) need the values of every item;
 ``tools/seed_stats.py`` reads them, and the stage's benchmark questions
 (``<run_dir>/benchmarks/<stage>/benchmark_items.jsonl``, ``read_benchmark_items``) the same way: a
-gain of a few questions in 37 is only visible paired question by question. The file is also a predictions file for
-``agentcap evaluate --predictions`` (it has ``id``, ``caption`` and READ's ``context``).
+gain of a few questions in 37 is only visible paired question by question. The file is also a
+predictions file for ``agentcap evaluate --predictions`` (it has ``id``, ``caption`` and READ's
+``context``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ def read_eval_items(run_dir: str, stage: str) -> dict[str, dict[str, Any]]:
                 row = json.loads(line)
                 rows[row.pop("id")] = row
     return rows
-
 
 
 def read_benchmark_rows(run_dir: str, stage: str) -> dict[str, dict[str, Any]]:
