@@ -109,8 +109,8 @@ class EvidenceGameEnv(CaptionEnv):
     teach when to stop), and which (see ``demonstrations``). demo_c0: the Captioner's warm-start
     target, ``short`` (the short caption: it names the sounds, the Composer asks for the rest) or
     ``dense`` (the gold caption: a Captioner that already writes dense captions, e.g. AudioMap's warm
-    start, keeps what it hears, and the Composer asks for what c0 lacks). audio_check: ``header`` (each clip's
-    header at load; decoded, and a truncated file or NaN / Inf samples refused naming the row, when
+    start, keeps what it hears, and the Composer asks for what c0 lacks). audio_check: ``header``
+    (each clip's header at load; decoded, and a truncated file or NaN / Inf samples refused naming the row, when
     the item is used) or ``decode`` (every clip decoded at load, so ``on_error: skip`` drops those too).
 
     ## Version history
@@ -297,9 +297,8 @@ class EvidenceGameEnv(CaptionEnv):
         by the item's id: the same for an item every time, but spread over every event and attribute
         across items, so the warm-started Instruct can answer whatever the Composer later asks."""
         # the first sentence of the gold caption, when there is no short caption ("4.7 s" does not end one)
-        c0 = item.get("short_caption") or (sentences(item["caption"]) or [item["caption"]])[0]
-        if self.demo_c0 == "dense":
-            c0 = item["caption"]
+        c0 = item["caption"] if self.demo_c0 == "dense" else (
+            item.get("short_caption") or (sentences(item["caption"]) or [item["caption"]])[0])
         # never more questions than the game allows: the K-th answer is followed by the final turn
         qa = [(q["question"], q["answer"]) for q in item.get("qa", [])]
         draw = random.Random(zlib.crc32(str(item["id"]).encode()))

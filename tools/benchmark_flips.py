@@ -52,15 +52,16 @@ def report(runs: Sequence[str], before: str, after: str) -> str:
             if not a:
                 (no_letter if stages[after][q].get("letter") is None else wrong_letter)[category[q]] += 1
     counts = Counter(category.values())
-    lines = [f"{len(runs)} runs, stages {', '.join(stages_of(runs[0]))}; flips {before} -> {after} summed over runs.", "",
-             "| category | questions | never right (any stage, any run) | right after, wrong before | wrong after, right before "
-             f"| wrong in {after}: no letter / wrong letter |", "|---|---|---|---|---|---|"]
-    for name in sorted(counts) + ["all"]:
-        pick = (lambda c: True) if name == "all" else (lambda c, name=name: c == name)
-        total = lambda counter: sum(v for c, v in counter.items() if pick(c))  # noqa: E731
-        never = sum(1 for q in questions if pick(category[q]) and q not in ever_right)
-        lines.append(f"| {name} | {sum(v for c, v in counts.items() if pick(c))} | {never} | {total(up)} | {total(down)} "
-                     f"| {total(no_letter)} / {total(wrong_letter)} |")
+
+    def cells(keep: set[str]) -> str:  # one row's figures over the categories in keep
+        never = sum(1 for q in questions if category[q] in keep and q not in ever_right)
+        total = lambda counter: sum(counter[c] for c in keep)  # noqa: E731
+        return f"| {total(counts)} | {never} | {total(up)} | {total(down)} | {total(no_letter)} / {total(wrong_letter)} |"
+
+    lines = [f"{len(runs)} runs, stages {', '.join(sorted(every[runs[0]]))}; flips {before} -> {after} summed over runs.",
+             "", "| category | questions | never right (any stage, any run) | right after, wrong before "
+             f"| wrong after, right before | wrong in {after}: no letter / wrong letter |", "|---|---|---|---|---|---|"]
+    lines += [f"| {name} {cells({name})}" for name in sorted(counts)] + [f"| all {cells(set(counts))}"]
     return "\n".join(lines)
 
 
