@@ -109,7 +109,9 @@ class EvidenceGameEnv(CaptionEnv):
     teach when to stop), and which (see ``demonstrations``). demo_c0: the Captioner's warm-start
     target, ``short`` (the short caption: it names the sounds, the Composer asks for the rest) or
     ``dense`` (the gold caption: a Captioner that already writes dense captions, e.g. AudioMap's warm
-    start, keeps what it hears, and the Composer asks for what c0 lacks). audio_check: ``header``
+    start, keeps what it hears, and the Composer asks for what c0 lacks) or ``own`` (the Captioner's own
+    caption of the item, harvested by the stage: ``harvest: {mode: captioner}``; the Composer learns to
+    mend an imperfect c0 with what it asks, since its final target is still the gold caption). audio_check: ``header``
     (each clip's header at load; decoded, and a truncated file or NaN / Inf samples refused naming the row, when
     the item is used) or ``decode`` (every clip decoded at load, so ``on_error: skip`` drops those too).
 
@@ -143,7 +145,7 @@ class EvidenceGameEnv(CaptionEnv):
         preserve_weight: float = 1.0,
         demo_questions: int | Literal["needed", "random", "padded"] | None = None,
         demo_order: Literal["manifest", "shuffled"] = "manifest",
-        demo_c0: Literal["short", "dense"] = "short",
+        demo_c0: Literal["short", "dense", "own"] = "short",
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
         max_skip_fraction: float = 0.1,
@@ -168,12 +170,12 @@ class EvidenceGameEnv(CaptionEnv):
             raise ValueError(
                 f"demo_questions must be an int >= 0, 'needed', 'random', 'padded' or None, got {demo_questions!r}")
         self.demo_questions = budget if demo_questions is None else demo_questions
-        self._needed: dict[str, list[int]] = {}
+        self._needed: dict[tuple[str, str], list[int]] = {}
         if demo_order not in ("manifest", "shuffled"):
             raise ValueError(f"demo_order must be 'manifest' or 'shuffled', got {demo_order!r}")
         self.demo_order = demo_order
-        if demo_c0 not in ("short", "dense"):
-            raise ValueError(f"demo_c0 must be 'short' or 'dense', got {demo_c0!r}")
+        if demo_c0 not in ("short", "dense", "own"):
+            raise ValueError(f"demo_c0 must be 'short', 'dense' or 'own', got {demo_c0!r}")
         self.demo_c0 = demo_c0
         self._examiner = None
         if mode == "instruct":
@@ -296,9 +298,7 @@ class EvidenceGameEnv(CaptionEnv):
         The questions are the manifest's first ones, or with ``demo_order="shuffled"`` a draw seeded
         by the item's id: the same for an item every time, but spread over every event and attribute
         across items, so the warm-started Instruct can answer whatever the Composer later asks."""
-        # the first sentence of the gold caption, when there is no short caption ("4.7 s" does not end one)
-        c0 = item["caption"] if self.demo_c0 == "dense" else (
-            item.get("short_caption") or (sentences(item["caption"]) or [item["caption"]])[0])
+        c0 = self.demo_first_caption(item)
         # never more questions than the game allows: the K-th answer is followed by the final turn
         qa = [(q["question"], q["answer"]) for q in item.get("qa", [])]
         draw = random.Random(zlib.crc32(str(item["id"]).encode()))
@@ -317,7 +317,8 @@ class EvidenceGameEnv(CaptionEnv):
         if self.demo_order == "shuffled":
             draw.shuffle(qa)
         qa = qa[:count]
-        demos = [(self.captioner_obs(item), c0)]
+        # "own" demonstrates the Captioner the gold caption: its own caption would teach it nothing
+        demos = [(self.captioner_obs(item), item["caption"] if self.demo_c0 == "own" else c0)]
         for t, (question, answer) in enumerate(qa):
             demos.append((self.composer_obs(c0, qa[:t], finalize=False), f"ASK : {question}"))
             demos.append((self.instruct_obs(item, c0, qa[:t], question), answer))
@@ -326,15 +327,27 @@ class EvidenceGameEnv(CaptionEnv):
         demos.append((self.composer_obs(c0, qa, finalize=True), item["caption"]))
         return demos
 
+    def demo_first_caption(self, item: Mapping[str, Any]) -> str:
+        """The c0 of the demonstrations (``demo_c0``)."""
+        if self.demo_c0 == "own":
+            if not isinstance(item.get("c0"), str):
+                raise ValueError(f"demo_c0='own' demonstrates the Captioner's own caption, harvested when the stage "
+                                 f"begins (harvest: {{mode: captioner}}); item {item['id']!r} has no 'c0'")
+            return item["c0"]
+        if self.demo_c0 == "dense":
+            return item["caption"]
+        # the first sentence of the gold caption, when there is no short caption ("4.7 s" does not end one)
+        return item.get("short_caption") or (sentences(item["caption"]) or [item["caption"]])[0]
+
     def needed_questions(self, item: Mapping[str, Any], c0: str) -> list[int]:
         """Indices (manifest order) of the gold QA pairs the evidence needs beyond c0.
 
         Greedy on the G2P reward itself: from ser(c0), add the pair whose answer raises
         R_G(ser(E)) the most (ties: the earlier pair), until no pair raises it or K are chosen. So a
         warm start asks as many questions as the clip's gold MCQ bank rewards, not a fixed number;
-        on the toy soundscapes that is one whole-event question per event. Cached per item id.
+        on the toy soundscapes that is one whole-event question per event. Cached per item id and c0.
         """
-        key = str(item["id"])
+        key = (str(item["id"]), c0)
         if key not in self._needed:
             pairs = [(q["question"], q["answer"]) for q in item.get("qa", [])]
             episode = Episode(item=dict(item))
@@ -354,7 +367,10 @@ class EvidenceGameEnv(CaptionEnv):
         return self._needed[key]
 
     def harvest(self, episodes: Sequence[Episode]) -> list[dict[str, Any]]:
-        """Instruct replay items (Eq. 23): one per asked question, with the history before it."""
+        """Instruct replay items (Eq. 23): one per asked question, with the history before it; from
+        ``captioner`` episodes, the item with the Captioner's c0 (``demo_c0="own"``)."""
+        if self.mode == "captioner":
+            return [{**e.item, "c0": e.state["c0"]} for e in episodes]
         items = []
         for e in episodes:
             qa = e.state.get("qa", [])

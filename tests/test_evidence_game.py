@@ -403,6 +403,29 @@ def test_dense_c0_demonstrates_the_gold_caption_and_needs_no_question_for_it(mak
         make(demo_c0="long")
 
 
+def test_own_c0_demonstrates_mending_the_captioners_caption(make, sound_rows, one):
+    """demo_c0="own": the Composer's c0 is the Captioner's harvested caption, the question the one that
+    mends it most, the final caption the gold one; the Captioner is still shown the gold caption."""
+    s = _script(sound_rows[one])
+    captioner = make(mode="captioner", defer_scoring=True)
+    _, _, info = _play(captioner, one, [s["c0"]])
+    [harvested] = captioner.unwrapped.harvest([info["episode"]])
+    assert harvested["c0"] == s["c0"] and harvested["id"] == sound_rows[one]["id"]
+
+    env = make(manifest=None, items=[harvested], budget=1, demo_questions="needed", demo_c0="own").unwrapped
+    demos = env.demonstrations(env.items[0])
+    assert [o["agent"] for o, _ in demos] == ["captioner", "composer", "instruct", "composer"]
+    assert demos[0][1] == sound_rows[one]["caption"]
+    assert s["c0"] in demos[1][0]["messages"][0]["content"]  # the Composer reads the harvested c0
+    needed = env.needed_questions(env.items[0], s["c0"])
+    assert needed and demos[1][1] == "ASK : " + sound_rows[one]["qa"][needed[0]]["question"]
+    assert demos[-1][1] == sound_rows[one]["caption"]
+    # an item that was not harvested is refused naming it and the stage setting that harvests it
+    plain = make(demo_c0="own").unwrapped
+    with pytest.raises(ValueError, match=rf"{sound_rows[0]['id']}.*no 'c0'"):
+        plain.demonstrations(plain.items[0])
+
+
 def test_needed_demonstrations_ask_one_question_per_event_then_stop(make, sound_rows):
     env = make(budget=4, demo_questions="needed").unwrapped
     counts = set()
