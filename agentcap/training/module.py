@@ -452,6 +452,7 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
                 warnings.warn(f"agentcap: SFT stage {stage.name!r} step {step}: its items demonstrate no "
                               f"{agent.name!r} turn; the step makes no update", UserWarning, stacklevel=2)
             self._emit({f"sft/{agent.name}/empty_steps": 1.0, "stage": float(self._stage_index or 0)})
+            self._optimizer.step()  # no gradient: AdamW skips every parameter; the lr schedule still counts the step
             return
         if not demos:  # other ranks have some: this one cannot take part in their passes
             raise ValueError(f"stage {stage.name!r} step {step}: this process's items demonstrate no {agent.name!r} "
