@@ -33,3 +33,21 @@ def test_ties_are_counted_per_stage_and_kind_and_questions_per_logged_group(tmp_
     assert "| composer_grpo | final | 1 of 6 | 1/4, 0/2 |" in text
     assert "| composer_grpo | question | 3 of 6 | 3/4, 0/2 |" in text
     assert "| a | composer_grpo | (2, 1) |" in text
+
+
+def test_held_out_games_say_whether_the_composer_copied_c0(tmp_path):
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump({"model": {"stages": STAGES, "rollout_batch_size": 8, "group_size": 4}}))
+    (tmp_path / "a" / "eval").mkdir(parents=True)
+
+    def game(c0: str, final: str) -> dict:
+        return {"trace": f"captioner/caption: {c0}\ncomposer/question: ASK : When?\ninstruct/answer: At 1 s.\n"
+                         f"composer/final: {final}"}
+
+    games = [game("A bell dings. A woman speaks.", "A bell dings. A woman speaks."),
+             game("A bell dings. A woman speaks.", "A bell dings."),
+             game("A bell dings.", "A bell dings at 1 s. Paper rustles."),
+             {"trace": "captioner/caption: A bell dings."}]  # a captioner-only episode: not a game
+    (tmp_path / "a" / "eval" / "S1.jsonl").write_text("\n".join(json.dumps(g) for g in games) + "\n")
+    text = spread_analysis.main([str(tmp_path / "a"), "--config", str(config)])
+    assert "| a | S1 | 3 | 1 | 1 | 1 |" in text

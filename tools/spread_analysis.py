@@ -3,7 +3,10 @@
 GRPO learns only from spread inside a group; a group whose utilities tie gets zero advantages. This
 reads each run's offline W&B history (``utility/<kind>/zero_spread``, the fraction of a step's groups
 that tie) and its ``samples.jsonl`` (the first group of sampled steps: how many distinct questions the
-Composer asked and how many distinct answers the Instruct gave), per GRPO stage, summed over runs.
+Composer asked and how many distinct answers the Instruct gave), per GRPO stage, summed over runs;
+and, per evaluation, what the Composer's final caption did to c0 in the held-out games
+(``eval/<stage>.jsonl`` traces): copied it word for word (then the question and the answer change
+nothing, and every Composer group ties), or stated fewer or more sentences than it.
 
     python tools/spread_analysis.py runs/real/v5/acecap-demo-s12 runs/real/v5/acecap-demo-s13 \\
         --config configs/real/acecap.yaml
@@ -24,6 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from audiomap_analysis import wandb_history  # noqa: E402
 
+from agentcap.judges.questions import sentences  # noqa: E402
 from agentcap.resume.appended import read_appended  # noqa: E402
 
 
@@ -60,6 +64,35 @@ def sampled_groups(run: str) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
+def turns(trace: str) -> dict[str, str]:
+    """The last text of each ``role/kind`` of an episode trace (one ``role/kind: text`` per turn)."""
+    found: dict[str, str] = {}
+    for block in ("\n" + trace).split("\n")[1:]:
+        if ": " in block and "/" in block.split(": ", 1)[0]:
+            key, text = block.split(": ", 1)
+            found[key] = text.strip()
+        elif found:  # a turn's text that spans lines
+            key = list(found)[-1]
+            found[key] += "\n" + block
+    return found
+
+
+def rewrites(run: str, stages: list[dict]) -> dict[str, tuple[int, int, int, int]]:
+    """Per evaluation: (games, c^F == c0, fewer sentences than c0, more) over the held-out games."""
+    out = {}
+    for stage in (s["name"] for s in stages if s["kind"] == "evaluate"):
+        path = os.path.join(run, "eval", f"{stage}.jsonl")
+        if not os.path.exists(path):
+            continue
+        games = [turns(row.get("trace", "")) for _, row in read_appended(path)]
+        games = [g for g in games if "captioner/caption" in g and "composer/final" in g]
+        pairs = [(g["captioner/caption"], g["composer/final"]) for g in games]
+        counts = [(len(sentences(c0)), len(sentences(final))) for c0, final in pairs]
+        out[stage] = (len(pairs), sum(c0 == final for c0, final in pairs),
+                      sum(f < c for c, f in counts), sum(f > c for c, f in counts))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="+")
@@ -83,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> str:
     for run in args.runs:
         for stage, cells in sampled_groups(run).items():
             lines.append(f"| {os.path.basename(run)} | {stage} | {' '.join(f'({q}, {a})' for q, a in cells)} |")
+    lines += ["", "| run | evaluation | held-out games | c^F = c0 | fewer sentences than c0 | more |", "|---|---|---|---|---|---|"]
+    for run in args.runs:
+        for stage, (n, same, fewer, more) in rewrites(run, stages).items():
+            lines.append(f"| {os.path.basename(run)} | {stage} | {n} | {same} | {fewer} | {more} |")
     text = "\n".join(lines)
     print(text)
     return text
