@@ -111,9 +111,10 @@ class EvidenceGameEnv(CaptionEnv):
     ``dense`` (the gold caption: a Captioner that already writes dense captions, e.g. AudioMap's warm
     start, keeps what it hears, and the Composer asks for what c0 lacks) or ``own`` (the Captioner's own
     caption of the item, harvested by the stage: ``harvest: {mode: captioner}``; the Composer learns to
-    mend an imperfect c0 with what it asks, since its final target is still the gold caption). audio_check: ``header``
-    (each clip's header at load; decoded, and a truncated file or NaN / Inf samples refused naming the row, when
-    the item is used) or ``decode`` (every clip decoded at load, so ``on_error: skip`` drops those too).
+    mend an imperfect c0 with what it asks, since its final target is still the gold caption).
+    audio_check: ``header`` (each clip's header at load; decoded, and a truncated file or NaN / Inf
+    samples refused naming the row, when the item is used) or ``decode`` (every clip decoded at load,
+    so ``on_error: skip`` drops those too).
 
     ## Version history
     v0: first version.

@@ -67,7 +67,7 @@ def sampled_groups(run: str) -> dict[str, list[tuple[int, int]]]:
 def turns(trace: str) -> dict[str, str]:
     """The last text of each ``role/kind`` of an episode trace (one ``role/kind: text`` per turn)."""
     found: dict[str, str] = {}
-    for block in ("\n" + trace).split("\n")[1:]:
+    for block in trace.split("\n"):
         if ": " in block and "/" in block.split(": ", 1)[0]:
             key, text = block.split(": ", 1)
             found[key] = text.strip()
@@ -116,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> str:
     for run in args.runs:
         for stage, cells in sampled_groups(run).items():
             lines.append(f"| {os.path.basename(run)} | {stage} | {' '.join(f'({q}, {a})' for q, a in cells)} |")
-    lines += ["", "| run | evaluation | held-out games | c^F = c0 | fewer sentences than c0 | more |", "|---|---|---|---|---|---|"]
+    lines += ["", "| run | evaluation | held-out games | c^F = c0 | fewer sentences than c0 | more |",
+              "|---|---|---|---|---|---|"]
     for run in args.runs:
         for stage, (n, same, fewer, more) in rewrites(run, stages).items():
             lines.append(f"| {os.path.basename(run)} | {stage} | {n} | {same} | {fewer} | {more} |")
