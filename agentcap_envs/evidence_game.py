@@ -44,6 +44,24 @@ _ASK = re.compile(r"^\s*ask\b\s*:?\s*", re.IGNORECASE)
 _READY = re.compile(r"^\s*ready\b", re.IGNORECASE)
 
 
+_WORD = re.compile(r"[a-z0-9']+")
+_TIME = re.compile(r"(\d+(?:\.\d+)?) ?s\b")
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def _first_time(text: str) -> float | None:
+    """The first time a sentence names ("from 1.2 s …"), the key that orders a time-aware caption."""
+    found = _TIME.search(text)
+    return float(found.group(1)) if found else None
+
+
+def _overlap(a: set[str], b: set[str]) -> float:
+    return len(a & b) / len(a | b) if a | b else 0.0
+
+
 def parse_composer_action(text: str) -> tuple[str, str, bool]:
     """(kind, question, malformed) of a Composer turn.
 
@@ -112,6 +130,9 @@ class EvidenceGameEnv(CaptionEnv):
     start, keeps what it hears, and the Composer asks for what c0 lacks) or ``own`` (the Captioner's own
     caption of the item, harvested by the stage: ``harvest: {mode: captioner}``; the Composer learns to
     mend an imperfect c0 with what it asks, since its final target is still the gold caption).
+    demo_final: the Composer's final-caption target, ``gold`` (the gold caption, which may state
+    facts neither c0 nor the answers hold) or ``supported`` (c0 mended by the answers alone, see
+    ``supported_final``: the warm-up never shows a fact the evidence lacks).
     audio_check: ``header`` (each clip's header at load; decoded, and a truncated file or NaN / Inf
     samples refused naming the row, when the item is used) or ``decode`` (every clip decoded at load,
     so ``on_error: skip`` drops those too).
@@ -147,6 +168,7 @@ class EvidenceGameEnv(CaptionEnv):
         demo_questions: int | Literal["needed", "random", "padded"] | None = None,
         demo_order: Literal["manifest", "shuffled"] = "manifest",
         demo_c0: Literal["short", "dense", "own"] = "short",
+        demo_final: Literal["gold", "supported"] = "gold",
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
         max_skip_fraction: float = 0.1,
@@ -178,6 +200,10 @@ class EvidenceGameEnv(CaptionEnv):
         if demo_c0 not in ("short", "dense", "own"):
             raise ValueError(f"demo_c0 must be 'short', 'dense' or 'own', got {demo_c0!r}")
         self.demo_c0 = demo_c0
+        if demo_final not in ("gold", "supported"):
+            raise ValueError(f"demo_final must be 'gold' or 'supported', got {demo_final!r}")
+        self.demo_final = demo_final
+        self._supported: dict[tuple[str, str, tuple[tuple[str, str], ...]], str] = {}
         self._examiner = None
         if mode == "instruct":
             for i, item in enumerate(self.items):
@@ -325,8 +351,43 @@ class EvidenceGameEnv(CaptionEnv):
             demos.append((self.instruct_obs(item, c0, qa[:t], question), answer))
         if len(qa) < self.budget:
             demos.append((self.composer_obs(c0, qa, finalize=False), "READY"))
-        demos.append((self.composer_obs(c0, qa, finalize=True), item["caption"]))
+        final = self.supported_final(item, c0, qa) if self.demo_final == "supported" else item["caption"]
+        demos.append((self.composer_obs(c0, qa, finalize=True), final))
         return demos
+
+    def supported_final(self, item: Mapping[str, Any], c0: str, qa: Sequence[tuple[str, str]]) -> str:
+        """c0 mended by the answers: a final caption that states only what the evidence holds.
+
+        Each answer in turn replaces one sentence of the caption, goes in as a sentence of its own
+        or is left out, whichever scores best under G2P (the gold MCQ bank). On a tie it is left out
+        (it adds nothing the bank asks), else it replaces the sentence that shares most of its words
+        with it (over half: the same event told differently), else it goes in at its place in time
+        (before the first sentence that starts later; at the end when it names no time). Cached per
+        item id, c0 and answers.
+        """
+        key = (str(item["id"]), c0, tuple((q, a) for q, a in qa))
+        if key not in self._supported:
+            episode = Episode(item=dict(item))
+            parts = sentences(c0)
+            for _, answer in qa:
+                answer = answer.strip()
+                if not answer:
+                    continue
+                words = set(_words(answer))
+                start = _first_time(answer)
+                later = [j for j, s in enumerate(parts)
+                         if start is not None and (t := _first_time(s)) is not None and t > start]
+                at = later[0] if later else len(parts)
+                # (candidate sentences, tie preference): c0 as it is first, an insertion as a half overlap
+                options = [(parts, 1.0), (parts[:at] + [answer] + parts[at:], 0.5)]
+                options += [(parts[:j] + [answer] + parts[j + 1:], _overlap(words, set(_words(s))))
+                            for j, s in enumerate(parts)]
+                texts = [" ".join(o) for o, _ in options]
+                judged = self.g2p([(0, t) for t in texts], [episode])
+                best = max(range(len(options)), key=lambda k: (round(judged[(0, texts[k])][0], 9), options[k][1], -k))
+                parts = options[best][0]
+            self._supported[key] = " ".join(parts)
+        return self._supported[key]
 
     def demo_first_caption(self, item: Mapping[str, Any]) -> str:
         """The c0 of the demonstrations (``demo_c0``)."""

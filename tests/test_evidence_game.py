@@ -20,6 +20,7 @@ from conftest import read_jsonl
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
 from agentcap.core.manifests import ManifestError
 from agentcap.judges.evidence import serialize_evidence
+from agentcap.judges.questions import sentences
 from agentcap.judges.rule import RuleExaminer
 from agentcap_envs.evidence_game import PROMPTS, parse_composer_action
 from agentcap_envs.toy import soundscapes
@@ -424,6 +425,39 @@ def test_own_c0_demonstrates_mending_the_captioners_caption(make, sound_rows, on
     plain = make(demo_c0="own").unwrapped
     with pytest.raises(ValueError, match=rf"{sound_rows[0]['id']}.*no 'c0'"):
         plain.demonstrations(plain.items[0])
+
+
+def test_supported_final_states_only_what_c0_and_the_answers_hold(make, sound_rows):
+    """demo_final="supported": the final-caption target is c0 mended by the answers (a missing event
+    inserted at its time, a wrong sentence replaced), never the gold caption's unasked facts."""
+    i = next((i for i, r in enumerate(sound_rows) if len(r["events"]) >= 3), None)
+    assert i is not None, "the toy world has no clip of three events"
+    row = sound_rows[i]
+    first, second, third = sentences(row["caption"])[:3]
+    kind = row["events"][0]["type"]
+    wrong = first.replace(f" {row['events'][0]['pitch']} {kind}", f" {'low' if row['events'][0]['pitch'] != 'low' else 'mid'} {kind}")
+    assert wrong != first
+    env = make(budget=1, demo_questions="needed", demo_final="supported").unwrapped
+    item = env.items[i]
+    # a missing event goes in at its place in time
+    assert env.supported_final(item, f"{first} {third}", [("What is the second sound like?", second)]) == \
+        f"{first} {second} {third}"
+    # a sentence the answer contradicts is replaced, not kept beside it
+    assert env.supported_final(item, f"{wrong} {third}", [("What is the first sound like?", first)]) == f"{first} {third}"
+    # an answer with no time and nothing to replace is appended; an answer G2P does not reward leaves c0 as it is
+    pitch = next(q["answer"] for q in row["qa"] if q["question"] == f"What is the pitch of the {kind}?")
+    mended = env.supported_final(item, third, [("?", pitch)])
+    assert mended == f"{third} {pitch}"
+    assert env.supported_final(item, row["caption"], [("?", pitch)]) == row["caption"]
+    # the warm-up's last target is that caption, built from the demonstrated c0 and answer alone
+    demos = env.demonstrations(item)
+    c0 = env.demo_first_caption(item)
+    asked = demos[1][1].removeprefix("ASK : ")
+    answer = next(q["answer"] for q in row["qa"] if q["question"] == asked)
+    assert demos[-1][1] == env.supported_final(item, c0, [(asked, answer)])
+    assert set(sentences(demos[-1][1])) <= set(sentences(c0)) | {answer}
+    with pytest.raises(ValueError, match="demo_final"):
+        make(demo_final="invented")
 
 
 def test_needed_demonstrations_ask_one_question_per_event_then_stop(make, sound_rows):
