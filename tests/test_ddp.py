@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import read_jsonl
 
 from agentcap.resume.checkpoints import read_checkpoint
 
@@ -199,6 +200,37 @@ def test_a_whole_schedule_in_two_processes_equals_one(tmp_path, toy_soundscapes,
         print(f"1 vs 2 processes ({name}): {len(worst)} logged keys, largest |diff| "
               + ", ".join(f"{k} {v:.2g}" for k, v in sorted(worst.items(), key=lambda kv: -kv[1])[:3]))
         assert all(v < 1e-5 for v in worst.values()), {k: v for k, v in worst.items() if v >= 1e-5}
+
+
+@pytest.mark.slow  # three fits, two of them with 2 processes
+def test_an_sft_step_that_demonstrates_on_one_process_only_equals_one_process(tmp_path, toy_soundscapes,
+                                                                              make_game_config):
+    """Only one training clip has QA pairs, so the SFT step that draws it demonstrates Instruct turns on
+    one process and none on the other. That one adds zero gradients (grpo_ddp: no pass; grpo_fsdp:
+    stand-in passes at scale 0, every sharded pass being a collective): same weights as one process
+    (was: the step was refused, 'raise sft_batch_size')."""
+    world = tmp_path / "world"
+    world.mkdir()
+    rows = read_jsonl(toy_soundscapes / "train.jsonl")
+    for i, row in enumerate(rows):
+        row["audio"] = str(toy_soundscapes / row["audio"])
+        row["qa"] = row["qa"] if i == 0 else []
+    (world / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for name in ("val.jsonl", "test.jsonl", "texts.txt", "audio"):
+        (world / name).symlink_to(toy_soundscapes / name)
+    schedule = [{"name": "sft_instruct", "kind": "sft", "agent": "instruct", "steps": 6, "env": {"demo_questions": 1}},
+                {"name": "greedy", "kind": "evaluate", "split": "test"}]
+    runs = {}
+    for name, extra in (("one", ()), ("ddp", ("--trainer.devices=2", "--trainer.strategy=grpo_ddp")),
+                        ("fsdp", ("--trainer.devices=2", "--trainer.strategy=grpo_fsdp"))):
+        result = fit(make_game_config(tmp_path / name, world, schedule), *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = tmp_path / name
+    trained = {key for _, key in logged(runs["one"])}
+    assert {"loss/instruct/sft", "sft/instruct/empty_steps"} <= trained, "the clip with QA pairs was never drawn"
+    for name in ("ddp", "fsdp"):
+        summary, weight = max_differences(runs["one"], runs[name])
+        assert summary < 1e-5 and weight < 1e-5, (name, summary, weight)
 
 
 @pytest.mark.slow  # three fits, two of them with 2 processes

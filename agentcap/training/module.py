@@ -454,13 +454,13 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
             self._emit({f"sft/{agent.name}/empty_steps": 1.0, "stage": float(self._stage_index or 0)})
             self._optimizer.step()  # no gradient: AdamW skips every parameter; the lr schedule still counts the step
             return
-        if not demos:  # other ranks have some: this one cannot take part in their passes
-            raise ValueError(f"stage {stage.name!r} step {step}: this process's items demonstrate no {agent.name!r} "
-                             "turn while other processes' do; raise sft_batch_size")
-        targets = agent.encode_completions([a for _, a in demos])
-        norm = distributed.global_sums([float(sum(t.numel() for t in targets))], self.device)[0]
+        # a process whose items demonstrate none while others' do adds zero gradients: unsharded it runs no
+        # pass (the gradient sum counts its gradients as zeros), sharded it runs stand-in passes at scale 0
+        rows = list(zip(demos, agent.encode_completions([a for _, a in demos]))) if demos else []
+        stand_in = [] if demos or not is_sharded(agent.model) else self._sft_stand_in(env, agent)
+        norm = distributed.global_sums([float(sum(t.numel() for _, t in rows))], self.device)[0]
         loss_sum = 0.0
-        for micro, scale in aligned_micro_batches(agent, list(zip(demos, targets)), self.micro_batch_size):
+        for micro, scale in aligned_micro_batches(agent, rows, self.micro_batch_size, stand_in):
             completion, mask = pad_right([t for _, t in micro], agent.tokenizer.pad_token_id, self.device)
             inputs = agent.encode([o for (o, _), _ in micro])
             logprobs = agent.completion_logprobs(inputs, completion, mask, temperature=1.0)
@@ -473,6 +473,16 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         self.log(f"loss/{agent.name}/sft", value, prog_bar=True, logger=False)
         self._emit({f"loss/{agent.name}/sft": value, "stage": float(self._stage_index or 0),
                     f"lr/{agent.name}": self._optimizer.param_groups[0]["lr"]})
+
+    @staticmethod
+    def _sft_stand_in(env: Any, agent: Agent) -> list[tuple[tuple[dict[str, Any], str], torch.Tensor]]:
+        """The split's first demonstration of ``agent``'s turn: the input of a sharded process's
+        zero-weight passes when its own items demonstrate none."""
+        for item in env.items:
+            for observation, action in env.demonstrations(item):
+                if observation["agent"] == agent.name:
+                    return [((observation, action), agent.encode_completions([action])[0])]
+        raise ValueError(f"no item of the split demonstrates a {agent.name!r} turn")
 
     def _emit(self, metrics: dict[str, float]) -> None:
         """To every logger at the tick; ``self.logged`` keeps the tick's metrics for the log line."""
