@@ -40,14 +40,14 @@ def test_held_out_games_say_whether_the_composer_copied_c0(tmp_path):
     config.write_text(yaml.safe_dump({"model": {"stages": STAGES, "rollout_batch_size": 8, "group_size": 4}}))
     (tmp_path / "a" / "eval").mkdir(parents=True)
 
-    def game(c0: str, final: str) -> dict:
+    def game(c0: str, final: str, g2p_c0: float = 0.0, g2p_evidence: float = 0.0) -> dict:
         return {"trace": f"captioner/caption: {c0}\ncomposer/question: ASK : When?\ninstruct/answer: At 1 s.\n"
-                         f"composer/final: {final}"}
+                         f"composer/final: {final}", "g2p_c0": g2p_c0, "g2p_evidence": g2p_evidence}
 
     games = [game("A bell dings. A woman speaks.", "A bell dings. A woman speaks."),
-             game("A bell dings. A woman speaks.", "A bell dings."),
-             game("A bell dings.", "A bell dings at 1 s. Paper rustles."),
+             game("A bell dings. A woman speaks.", "A bell dings.", -0.5, -0.25),  # the answer told something new
+             game("A bell dings.", "A bell dings at 1 s. Paper rustles.", -0.5, -0.5),
              {"trace": "captioner/caption: A bell dings."}]  # a captioner-only episode: not a game
     (tmp_path / "a" / "eval" / "S1.jsonl").write_text("\n".join(json.dumps(g) for g in games) + "\n")
     text = spread_analysis.main([str(tmp_path / "a"), "--config", str(config)])
-    assert "| a | S1 | 3 | 1 | 1 | 1 |" in text
+    assert "| a | S1 | 3 | 1 | 1 | 1 | 1 |" in text

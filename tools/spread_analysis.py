@@ -6,7 +6,8 @@ that tie) and its ``samples.jsonl`` (the first group of sampled steps: how many 
 Composer asked and how many distinct answers the Instruct gave), per GRPO stage, summed over runs;
 and, per evaluation, what the Composer's final caption did to c0 in the held-out games
 (``eval/<stage>.jsonl`` traces): copied it word for word (then the question and the answer change
-nothing, and every Composer group ties), or stated fewer or more sentences than it.
+nothing, and every Composer group ties), or stated fewer or more sentences than it; and in how many
+the answers raised G2P above c0's (R_G(E) > R_G(c0): the evidence told the examiner something new).
 
     python tools/spread_analysis.py runs/real/v5/acecap-demo-s12 runs/real/v5/acecap-demo-s13 \\
         --config configs/real/acecap.yaml
@@ -77,19 +78,22 @@ def turns(trace: str) -> dict[str, str]:
     return found
 
 
-def rewrites(run: str, stages: list[dict]) -> dict[str, tuple[int, int, int, int]]:
-    """Per evaluation: (games, c^F == c0, fewer sentences than c0, more) over the held-out games."""
+def rewrites(run: str, stages: list[dict]) -> dict[str, tuple[int, int, int, int, int]]:
+    """Per evaluation: (games, c^F == c0, fewer sentences than c0, more, games whose answers raised
+    G2P: R_G(E) > R_G(c0)) over the held-out games."""
     out = {}
     for stage in (s["name"] for s in stages if s["kind"] == "evaluate"):
         path = os.path.join(run, "eval", f"{stage}.jsonl")
         if not os.path.exists(path):
             continue
-        games = [turns(row.get("trace", "")) for _, row in read_appended(path)]
-        games = [g for g in games if "captioner/caption" in g and "composer/final" in g]
-        pairs = [(g["captioner/caption"], g["composer/final"]) for g in games]
+        rows = [row for _, row in read_appended(path)]
+        games = [(turns(row.get("trace", "")), row) for row in rows]
+        games = [(g, row) for g, row in games if "captioner/caption" in g and "composer/final" in g]
+        pairs = [(g["captioner/caption"], g["composer/final"]) for g, _ in games]
         counts = [(len(sentences(c0)), len(sentences(final))) for c0, final in pairs]
+        informed = sum(row.get("g2p_evidence", 0.0) > row.get("g2p_c0", 0.0) + 1e-9 for _, row in games)
         out[stage] = (len(pairs), sum(c0 == final for c0, final in pairs),
-                      sum(f < c for c, f in counts), sum(f > c for c, f in counts))
+                      sum(f < c for c, f in counts), sum(f > c for c, f in counts), informed)
     return out
 
 
@@ -116,11 +120,11 @@ def main(argv: Sequence[str] | None = None) -> str:
     for run in args.runs:
         for stage, cells in sampled_groups(run).items():
             lines.append(f"| {os.path.basename(run)} | {stage} | {' '.join(f'({q}, {a})' for q, a in cells)} |")
-    lines += ["", "| run | evaluation | held-out games | c^F = c0 | fewer sentences than c0 | more |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| run | evaluation | held-out games | c^F = c0 | fewer sentences than c0 | more | answers raise G2P |",
+              "|---|---|---|---|---|---|---|"]
     for run in args.runs:
-        for stage, (n, same, fewer, more) in rewrites(run, stages).items():
-            lines.append(f"| {os.path.basename(run)} | {stage} | {n} | {same} | {fewer} | {more} |")
+        for stage, (n, same, fewer, more, informed) in rewrites(run, stages).items():
+            lines.append(f"| {os.path.basename(run)} | {stage} | {n} | {same} | {fewer} | {more} | {informed} |")
     text = "\n".join(lines)
     print(text)
     return text
