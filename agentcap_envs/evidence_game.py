@@ -17,6 +17,7 @@ from agentcap.judges.build import build_examiner
 from agentcap.judges.evidence import evidence_states, serialize_evidence
 from agentcap.judges.questions import Question, question_bank, sentences
 from agentcap.judges.replies import TooManyInvalidReplies
+from agentcap.judges.temporal import parse_intervals
 from agentcap.rewards.evidence import LoopConfig, captioner_utility, composer_utilities, instruct_utility
 from agentcap.rewards.functional.cloze import answer_scores
 
@@ -45,7 +46,6 @@ _READY = re.compile(r"^\s*ready\b", re.IGNORECASE)
 
 
 _WORD = re.compile(r"[a-z0-9']+")
-_TIME = re.compile(r"(\d+(?:\.\d+)?) ?s\b")
 
 
 def _words(text: str) -> list[str]:
@@ -54,8 +54,8 @@ def _words(text: str) -> list[str]:
 
 def _first_time(text: str) -> float | None:
     """The first time a sentence names ("from 1.2 s …"), the key that orders a time-aware caption."""
-    found = _TIME.search(text)
-    return float(found.group(1)) if found else None
+    timed = parse_intervals(text)
+    return timed[0].start if timed else None
 
 
 def _overlap(a: set[str], b: set[str]) -> float:
