@@ -11,7 +11,7 @@ held-out set without re-running GRPO:
 Both land in ``<out>/<name>-demo-s<seed>`` as the first and last evaluation's stage names (summary,
 per-item and per-question files), so ``tools/seed_stats.py --root <out>`` pairs them. Whether the
 re-run warm-ups reproduced the run's weights is checked, not assumed: the start's captions of the
-clips the run itself evaluated must equal the run's own.
+clips the run itself evaluated must equal the run's own (run it with the runs' OMP_NUM_THREADS).
 
     OMP_NUM_THREADS=1 python tools/real_recheck.py --runs runs/real/v8 --out runs/real/v8-16 \\
         --config configs/real/acecap-supported.yaml --clips 16 --questions 100 21 22
@@ -30,6 +30,8 @@ from collections.abc import Sequence
 import yaml
 
 AGENTCAP = os.path.join(os.path.dirname(sys.executable), "agentcap")
+# the kernels tools/real_seeds.sh pins, so the re-run warm-ups give the run's weights
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def evaluations(config: dict) -> list[str]:
@@ -47,7 +49,8 @@ def start_config(config: dict, clips: int, questions: int) -> dict:
 
 def run(cmd: Sequence[str], log: str) -> None:
     with open(log, "a") as out:
-        subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=out, stderr=subprocess.STDOUT, check=True)
+        subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=out, stderr=subprocess.STDOUT, check=True,
+                       env={**PINNED, **os.environ})
 
 
 def captions(folder: str, stage: str) -> dict[str, str]:
