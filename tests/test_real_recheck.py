@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
@@ -83,3 +84,14 @@ def test_a_start_that_does_not_reproduce_the_run_is_reported(tmp_path, monkeypat
     monkeypatch.setattr(real_recheck, "run", fake)
     real_recheck.main(["5", "--runs", str(source.parent), "--out", str(tmp_path / "out"), "--config", str(recipe)])
     assert "on 1 of its 2 clips" in capsys.readouterr().out
+
+
+def test_a_schedule_with_one_evaluation_has_no_end_to_compare(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model": {"stages": STAGES[:2], "benchmark": {"path": "b.jsonl"}}}))
+    source = tmp_path / "runs" / "acecap-demo-s5" / "checkpoints"
+    source.mkdir(parents=True)
+    (source / "last.ckpt").write_text("")
+    with pytest.raises(ValueError, match="recipe.yaml: model.stages has 1 evaluate stage"):
+        real_recheck.main(["5", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--config", str(recipe)])
+    assert not (tmp_path / "out" / "acecap-demo-s5").exists()

@@ -65,7 +65,10 @@ def recheck(seed: str, args: argparse.Namespace) -> str:
         raise FileNotFoundError(f"{ckpt}: no finished run for seed {seed}")
     with open(args.config) as f:
         config = yaml.safe_load(f)
-    first, last = evaluations(config)[0], evaluations(config)[-1]
+    names = evaluations(config)
+    if len(names) < 2:
+        raise ValueError(f"{args.config}: model.stages has {len(names)} evaluate stage(s); a start and an end need two")
+    first, last = names[0], names[-1]
     dest = os.path.join(args.out, f"{args.name}-demo-s{seed}")
     shutil.rmtree(dest, ignore_errors=True)
     os.makedirs(dest)
