@@ -71,19 +71,19 @@ def test_a_start_that_does_not_reproduce_the_run_is_reported(tmp_path, monkeypat
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({"model": {"stages": STAGES, "benchmark": {"path": "b.jsonl"}}}))
     source = tmp_path / "runs" / "acecap-demo-s5"
-    _write(source, "S1", {"a": "x", "b": "y"}, 0.0)
+    _write(source, "S1", {"a": "x", "b": "y", "c": "w"}, 0.0)
     (source / "checkpoints").mkdir()
     (source / "checkpoints" / "last.ckpt").write_text("")
 
     def fake(cmd, log):
         run_dir = Path(cmd[cmd.index("--model.run_dir") + 1])
         stage = "S1" if cmd[1] == "fit" else "test"
-        _write(run_dir, stage, {"a": "x", "b": "other"}, 0.0)
+        _write(run_dir, stage, {"a": "x", "b": "other", "c": "w"}, 0.0)
         (run_dir / "summary.json").write_text(json.dumps({stage: {"reward": 0.0}}))
 
     monkeypatch.setattr(real_recheck, "run", fake)
     real_recheck.main(["5", "--runs", str(source.parent), "--out", str(tmp_path / "out"), "--config", str(recipe)])
-    assert "on 1 of its 2 clips" in capsys.readouterr().out
+    assert "on 2 of its 3 clips" in capsys.readouterr().out
 
 
 def test_a_schedule_with_one_evaluation_has_no_end_to_compare(tmp_path):

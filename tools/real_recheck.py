@@ -29,6 +29,10 @@ from collections.abc import Sequence
 
 import yaml
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from agentcap.evaluation.items import eval_items_path, read_eval_items  # noqa: E402
+
 AGENTCAP = os.path.join(os.path.dirname(sys.executable), "agentcap")
 # the kernels tools/real_seeds.sh pins, so the re-run warm-ups give the run's weights
 PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -53,21 +57,12 @@ def run(cmd: Sequence[str], log: str) -> None:
                        env={**PINNED, **os.environ})
 
 
-def captions(folder: str, stage: str) -> dict[str, str]:
-    with open(os.path.join(folder, "eval", f"{stage}.jsonl")) as f:
-        return {r["id"]: r["caption"] for r in map(json.loads, f)}
-
-
-def recheck(seed: str, args: argparse.Namespace) -> str:
+def recheck(seed: str, args: argparse.Namespace, config: dict) -> str:
     source = os.path.join(args.runs, f"{args.name}-demo-s{seed}")
     ckpt = os.path.join(source, "checkpoints", "last.ckpt")
     if not os.path.isfile(ckpt):
         raise FileNotFoundError(f"{ckpt}: no finished run for seed {seed}")
-    with open(args.config) as f:
-        config = yaml.safe_load(f)
     names = evaluations(config)
-    if len(names) < 2:
-        raise ValueError(f"{args.config}: model.stages has {len(names)} evaluate stage(s); a start and an end need two")
     first, last = names[0], names[-1]
     dest = os.path.join(args.out, f"{args.name}-demo-s{seed}")
     shutil.rmtree(dest, ignore_errors=True)
@@ -84,7 +79,7 @@ def recheck(seed: str, args: argparse.Namespace) -> str:
          "--model.benchmark.limit", str(args.questions), "--model.run_dir", end,
          "--trainer.logger.init_args.save_dir", end, "--ckpt_path", ckpt], log)
     # the end's "test" evaluation becomes this folder's last stage, beside the re-run start
-    shutil.copy(os.path.join(end, "eval", "test.jsonl"), os.path.join(dest, "eval", f"{last}.jsonl"))
+    shutil.copy(eval_items_path(end, "test"), eval_items_path(dest, last))
     shutil.copytree(os.path.join(end, "benchmarks", "test"), os.path.join(dest, "benchmarks", last))
     with open(os.path.join(dest, "summary.json")) as f:
         summary = json.load(f)
@@ -92,8 +87,8 @@ def recheck(seed: str, args: argparse.Namespace) -> str:
         summary[last] = json.load(f)["test"]
     with open(os.path.join(dest, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
-    ran, again = captions(source, first), captions(dest, first)
-    same = sum(ran[i] == again.get(i) for i in ran)
+    ran, again = read_eval_items(source, first), read_eval_items(dest, first)
+    same = sum(row["caption"] == again.get(i, {}).get("caption") for i, row in ran.items())
     return f"seed {seed}: {first} re-run gives the run's own captions on {same} of its {len(ran)} clips"
 
 
@@ -107,9 +102,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--clips", type=int, default=16)
     p.add_argument("--questions", type=int, default=100, help="benchmark questions: those of the first --clips test clips")
     args = p.parse_args(argv)
+    with open(args.config) as f:
+        config = yaml.safe_load(f)
+    if len(evaluations(config)) < 2:
+        raise ValueError(f"{args.config}: model.stages has {len(evaluations(config))} evaluate stage(s); "
+                         "a start and an end need two")
     os.makedirs(args.out, exist_ok=True)
     for seed in args.seeds:
-        print(recheck(seed, args), flush=True)
+        print(recheck(seed, args, config), flush=True)
 
 
 if __name__ == "__main__":
