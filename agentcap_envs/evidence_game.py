@@ -132,7 +132,9 @@ class EvidenceGameEnv(CaptionEnv):
     mend an imperfect c0 with what it asks, since its final target is still the gold caption).
     demo_final: the Composer's final-caption target, ``gold`` (the gold caption, which may state
     facts neither c0 nor the answers hold) or ``supported`` (c0 mended by the answers alone, see
-    ``supported_final``: the warm-up never shows a fact the evidence lacks).
+    ``supported_final``: the warm-up never shows a fact the evidence lacks). demo_absent: Instruct
+    warm-up turns per clip that ask about a subject the clip lacks and answer that it is not heard
+    (see ``absent_demonstrations``), so the warm-started Instruct does not say yes to every question.
     audio_check: ``header`` (each clip's header at load; decoded, and a truncated file or NaN / Inf
     samples refused naming the row, when the item is used) or ``decode`` (every clip decoded at load,
     so ``on_error: skip`` drops those too).
@@ -169,6 +171,7 @@ class EvidenceGameEnv(CaptionEnv):
         demo_order: Literal["manifest", "shuffled"] = "manifest",
         demo_c0: Literal["short", "dense", "own"] = "short",
         demo_final: Literal["gold", "supported"] = "gold",
+        demo_absent: int = 0,
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
         max_skip_fraction: float = 0.1,
@@ -203,6 +206,10 @@ class EvidenceGameEnv(CaptionEnv):
         if demo_final not in ("gold", "supported"):
             raise ValueError(f"demo_final must be 'gold' or 'supported', got {demo_final!r}")
         self.demo_final = demo_final
+        if not (isinstance(demo_absent, int) and demo_absent >= 0):
+            raise ValueError(f"demo_absent must be an int >= 0, got {demo_absent!r}")
+        self.demo_absent = demo_absent
+        self._subjects: dict[str, str] | None = None
         self._supported: dict[tuple[str, str, tuple[tuple[str, str], ...]], str] = {}
         self._examiner = None
         if mode == "instruct":
@@ -353,7 +360,33 @@ class EvidenceGameEnv(CaptionEnv):
             demos.append((self.composer_obs(c0, qa, finalize=False), "READY"))
         final = self.supported_final(item, c0, qa) if self.demo_final == "supported" else item["caption"]
         demos.append((self.composer_obs(c0, qa, finalize=True), final))
-        return demos
+        return demos + self.absent_demonstrations(item, c0, draw)
+
+    def absent_demonstrations(self, item: Mapping[str, Any], c0: str, draw: random.Random) -> list[tuple[dict[str, Any], str]]:
+        """``demo_absent`` Instruct turns outside the game, each asking about a subject the clip lacks
+        ("When is the bell heard?" of a clip with no bell), answered "The bell is not heard.".
+
+        Every gold question is about something the clip holds, so an Instruct taught on those alone
+        says yes to any question (it answered a time for each of six sounds, present or not, on every
+        held-out clip: ``tools/instruct_probe.py``); its answers then tell the Composer nothing c0 does
+        not. The subjects are those of the split's ``qa`` ``meta.subject``, each asked in its first
+        question's words; which ones is drawn by the item's id."""
+        if not self.demo_absent:
+            return []
+        if self._subjects is None:
+            self._subjects = {}
+            for row in self.items:
+                for pair in row.get("qa", []):
+                    subject = (pair.get("meta") or {}).get("subject")
+                    if isinstance(subject, str):
+                        self._subjects.setdefault(subject, pair["question"])
+            if not self._subjects:
+                raise ValueError("demo_absent asks about subjects a clip lacks; no item of the split names one "
+                                 "(field 'qa', 'meta.subject')")
+        held = {(pair.get("meta") or {}).get("subject") for pair in item.get("qa", [])}
+        lacking = sorted(s for s in self._subjects if s not in held)
+        return [(self.instruct_obs(item, c0, [], self._subjects[s]), f"The {s} is not heard.")
+                for s in draw.sample(lacking, min(self.demo_absent, len(lacking)))]
 
     def supported_final(self, item: Mapping[str, Any], c0: str, qa: Sequence[tuple[str, str]]) -> str:
         """c0 mended by the answers: a final caption that states only what the evidence holds.

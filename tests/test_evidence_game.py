@@ -427,6 +427,34 @@ def test_own_c0_demonstrates_mending_the_captioners_caption(make, sound_rows, on
         plain.demonstrations(plain.items[0])
 
 
+def test_absent_demonstrations_teach_the_instruct_to_say_not_heard(make, sound_rows):
+    """demo_absent: after the game's turns, Instruct turns that ask about subjects the clip lacks (in
+    the split's own question words), answered "not heard"; the game's turns are unchanged."""
+    plain = make(budget=1, demo_questions=1, demo_order="shuffled").unwrapped
+    env = make(budget=1, demo_questions=1, demo_order="shuffled", demo_absent=2).unwrapped
+    subjects: dict[str, str] = {}  # each subject's first question in the split
+    for q in (q for row in sound_rows for q in row["qa"]):
+        subjects.setdefault(q["meta"]["subject"], q["question"])
+    added = 0
+    for item, row in zip(env.items, sound_rows):
+        game = [(o["agent"], a) for o, a in plain.demonstrations(item)]
+        demos = env.demonstrations(item)
+        assert [(o["agent"], a) for o, a in demos[: len(game)]] == game
+        held = {q["meta"]["subject"] for q in row["qa"]}
+        extra = demos[len(game):]
+        assert len(extra) == min(2, len(set(subjects) - held))
+        for observation, answer in extra:
+            subject = answer.removeprefix("The ").removesuffix(" is not heard.")
+            assert observation["agent"] == "instruct" and subject in set(subjects) - held
+            assert f"Question : {subjects[subject]}\n" in observation["messages"][0]["content"]
+            assert "waveform" in observation["media"]
+        assert [a for _, a in env.demonstrations(item)[len(game):]] == [a for _, a in extra]  # drawn by the item
+        added += len(extra)
+    assert added, "no toy clip lacks a subject of its split"
+    with pytest.raises(ValueError, match="demo_absent"):
+        make(demo_absent=-1)
+
+
 def test_supported_final_states_only_what_c0_and_the_answers_hold(make, sound_rows):
     """demo_final="supported": the final-caption target is c0 mended by the answers (a missing event
     inserted at its time, a wrong sentence replaced), never the gold caption's unasked facts."""
