@@ -427,7 +427,7 @@ def test_own_c0_demonstrates_mending_the_captioners_caption(make, sound_rows, on
         plain.demonstrations(plain.items[0])
 
 
-def test_absent_demonstrations_teach_the_instruct_to_say_not_heard(make, sound_rows):
+def test_absent_demonstrations_teach_the_instruct_to_say_not_heard(make, sound_rows, toy_soundscapes):
     """demo_absent: after the game's turns, Instruct turns that ask about subjects the clip lacks (in
     the split's own question words), answered "not heard"; the game's turns are unchanged."""
     plain = make(budget=1, demo_questions=1, demo_order="shuffled").unwrapped
@@ -453,6 +453,11 @@ def test_absent_demonstrations_teach_the_instruct_to_say_not_heard(make, sound_r
     assert added, "no toy clip lacks a subject of its split"
     with pytest.raises(ValueError, match="demo_absent"):
         make(demo_absent=-1)
+    # a split whose QA pairs name no subject cannot say what a clip lacks: refused naming the field
+    bare = {**sound_rows[0], "audio": str(toy_soundscapes / sound_rows[0]["audio"]), "qa": [{"question": q["question"], "answer": q["answer"]} for q in sound_rows[0]["qa"]]}
+    unnamed = make(manifest=None, items=[bare], budget=1, demo_questions=1, demo_absent=1).unwrapped
+    with pytest.raises(ValueError, match="meta.subject"):
+        unnamed.demonstrations(unnamed.items[0])
 
 
 def test_supported_final_states_only_what_c0_and_the_answers_hold(make, sound_rows):
