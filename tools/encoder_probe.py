@@ -14,7 +14,6 @@ given). A sound the probe finds but c0 omits is one the encoder holds and the ca
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -24,13 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 FRAMES_PER_SECOND = 50  # Whisper's encoder: 1500 frames for its 30 s window
 
 
-def read_rows(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def clip_features(model, extractor, rows: list[dict], manifest: str):
-    """(clips, 2 * d_model): mean and max of the encoder's frames over each clip."""
+def clip_features(model, extractor, rows: list[dict]):
+    """(clips, 2 * d_model): mean and max of the encoder's frames over each clip (rows of ``read_manifest``)."""
     import torch
 
     from agentcap.core.manifests import load_audio, resolve
@@ -38,7 +32,8 @@ def clip_features(model, extractor, rows: list[dict], manifest: str):
     out = []
     with torch.no_grad():
         for row in rows:
-            wave = load_audio(resolve(row["audio"], manifest), extractor.sampling_rate, manifest)
+            path = resolve(row["audio"], row["_manifest"])
+            wave = load_audio(path, extractor.sampling_rate, f"{row['_manifest']}: {row['id']}: audio")
             features = extractor(wave, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features
             frames = model.model.audio_tower(features.to(model.dtype)).last_hidden_state[0]
             n = max(1, min(frames.shape[0], math.ceil(row["duration"] * FRAMES_PER_SECOND)))
@@ -100,17 +95,17 @@ def main(argv=None) -> None:
     import torch
     from transformers import AutoProcessor, Qwen2AudioForConditionalGeneration
 
+    from agentcap.core.manifests import read_manifest
     from agentcap_envs.real.speech import EFFECTS
 
-    torch.manual_seed(0)
     extractor = AutoProcessor.from_pretrained(args.model).feature_extractor
     model = Qwen2AudioForConditionalGeneration.from_pretrained(args.model, dtype=torch.float32).eval()
     names = [e.name for e in EFFECTS]
     splits = {}
     for split in ("train", "test"):
-        manifest = os.path.join(args.data, f"{split}.jsonl")
-        rows = read_rows(manifest)
-        splits[split] = (clip_features(model, extractor, rows, manifest), presence(rows, names))
+        rows = read_manifest(os.path.join(args.data, f"{split}.jsonl"),
+                             required={"id": str, "audio": str, "duration": (int, float), "events": list})
+        splits[split] = (clip_features(model, extractor, rows), presence(rows, names))
     (x_train, y_train), (x_test, y_test) = splits["train"], splits["test"]
     mean, std = x_train.mean(0), x_train.std(0).clamp_min(1e-6)
     x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
