@@ -27,13 +27,13 @@ def clip_features(model, extractor, rows: list[dict]):
     """(clips, 2 * d_model): mean and max of the encoder's frames over each clip (rows of ``read_manifest``)."""
     import torch
 
-    from agentcap.core.manifests import load_audio, resolve
+    from agentcap.core.manifests import audio_where, load_audio, resolve
 
     out = []
     with torch.no_grad():
         for row in rows:
             path = resolve(row["audio"], row["_manifest"])
-            wave = load_audio(path, extractor.sampling_rate, f"{row['_manifest']}: {row['id']}: audio")
+            wave = load_audio(path, extractor.sampling_rate, audio_where(row, "audio", path))
             features = extractor(wave, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features
             frames = model.model.audio_tower(features.to(model.dtype)).last_hidden_state[0]
             n = max(1, min(frames.shape[0], math.ceil(row["duration"] * FRAMES_PER_SECOND)))
