@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import os
+import random
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -21,6 +23,7 @@ from agentcap.rewards.functional.cloze import (
     evidence_sufficiency,
     length_ramp_reward,
 )
+from agentcap_envs.audio_qa import ANSWER_PROMPTS, absent_pairs, check_qa, subject_questions
 
 PROMPTS = {
     "paper": (
@@ -76,6 +79,12 @@ class ClozeCaptionEnv(CaptionEnv):
     audio_check: ``header`` (each clip's header at load; decoded, and a truncated file or NaN / Inf
     samples refused naming the row, when the item is used) or ``decode`` (every clip decoded at
     load, so ``on_error: skip`` drops those too).
+    demo_qa, demo_absent: question turns the warm start shows beside each gold caption, on the same
+    audio: ``demo_qa`` of the clip's ``qa`` pairs (question → gold answer) and ``demo_absent``
+    questions about subjects the clip lacks (→ "The <subject> is not heard."; see
+    ``agentcap_envs.audio_qa``), which ones drawn by the item's id. An Instruct warmed up from a base
+    taught only to caption answers each sound by habit, not by the audio (docs/real.md); a base that
+    also answered these starts it from an audio LM that answers, as the paper's Instruct starts.
 
     ## Version history
     v0: first version.
@@ -107,8 +116,15 @@ class ClozeCaptionEnv(CaptionEnv):
         on_error: Literal["raise", "skip"] = "raise",
         max_skip_fraction: float = 0.1,
         audio_check: Literal["header", "decode"] = "header",
+        demo_qa: int = 0,
+        demo_absent: int = 0,
     ):
         self.sample_rate, self.max_seconds, self.audio_check = sample_rate, max_seconds, audio_check
+        for name, value in (("demo_qa", demo_qa), ("demo_absent", demo_absent)):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        self.demo_qa, self.demo_absent = demo_qa, demo_absent
+        self._subjects: dict[str, str] | None = None
         super().__init__(
             manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
             max_skip_fraction=max_skip_fraction,
@@ -137,6 +153,8 @@ class ClozeCaptionEnv(CaptionEnv):
             self._check_cloze(row, where)
         if "anchors" in row:
             self._check_anchors(row, where)
+        if self.demo_qa or self.demo_absent:
+            check_qa(row, where)
 
     def _check_cloze(self, row: dict[str, Any], where: str) -> None:
         if not isinstance(row["cloze"], list):
@@ -183,7 +201,26 @@ class ClozeCaptionEnv(CaptionEnv):
         return None
 
     def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
-        return [(self.begin(Episode(item=dict(item))), item["caption"])]
+        """The gold caption, then the ``demo_qa`` and ``demo_absent`` question turns on the same audio."""
+        observation = self.begin(Episode(item=dict(item)))
+        demos = [(observation, item["caption"])]
+        if not (self.demo_qa or self.demo_absent):
+            return demos
+        draw = random.Random(zlib.crc32(str(item["id"]).encode()))
+        qa = item.get("qa", [])
+        pairs = [(p["question"], p["answer"]) for p in draw.sample(qa, min(self.demo_qa, len(qa)))]
+        if self.demo_absent and self._subjects is None:
+            self._subjects = subject_questions(self.items)
+        pairs += absent_pairs(item, self._subjects or {}, draw, self.demo_absent)
+        return demos + [(self.question_obs(item, question, observation["media"]), target) for question, target in pairs]
+
+    def question_obs(self, item: Mapping[str, Any], question: str, media: Mapping[str, Any] | None = None):
+        """The policy asked one question about the clip (the warm start's question turns, and
+        ``tools/instruct_probe.py`` on an AudioMap run); ``media``: the clip's, when already loaded."""
+        if media is None:
+            media = self.begin(Episode(item=dict(item)))["media"]
+        text = f"Question : {question}\n{ANSWER_PROMPTS[self.prompt_style]}"
+        return self.observation("policy", [{"role": "user", "content": text}], media)
 
     # --- scoring ------------------------------------------------------------------------------
     @property

@@ -20,6 +20,7 @@ from agentcap.judges.replies import TooManyInvalidReplies
 from agentcap.judges.temporal import parse_intervals
 from agentcap.rewards.evidence import LoopConfig, captioner_utility, composer_utilities, instruct_utility
 from agentcap.rewards.functional.cloze import answer_scores
+from agentcap_envs.audio_qa import ANSWER_PROMPTS, absent_pairs, check_qa, subject_questions
 
 CAPTIONER, COMPOSER, INSTRUCT = "captioner", "composer", "instruct"
 
@@ -31,13 +32,13 @@ PROMPTS = {
             "detail that is still unresolved as 'ASK: <question>', or reply 'READY' when the evidence is enough."
         ),
         "finalize": "Write the final detailed caption of the audio from the evidence above.",
-        "answer": "Answer the question from the audio in one sentence.",
+        "answer": ANSWER_PROMPTS["paper"],
     },
     "compact": {
         "caption": "Describe the audio briefly .",
         "compose": "Ask one question as ASK : question , or say READY .",
         "finalize": "Write the final caption .",
-        "answer": "Answer from the audio .",
+        "answer": ANSWER_PROMPTS["compact"],
     },
 }
 
@@ -228,16 +229,7 @@ class EvidenceGameEnv(CaptionEnv):
         short = row.get("short_caption")
         if short is not None and (not isinstance(short, str) or not short.strip()):
             raise ManifestError(f"{where}: field 'short_caption' must be a non-empty string, got {short!r}")
-        qa = row.get("qa", [])
-        if not isinstance(qa, list):
-            raise ManifestError(f"{where}: field 'qa' must be a list of {{question, answer}} objects, got {qa!r}")
-        for j, pair in enumerate(qa):
-            if not isinstance(pair, dict):
-                raise ManifestError(f"{where}: qa[{j}]: must be an object with 'question' and 'answer', got {pair!r}")
-            for name in ("question", "answer"):
-                if not isinstance(pair.get(name), str) or not pair[name].strip():
-                    got = "missing" if name not in pair else repr(pair[name])
-                    raise ManifestError(f"{where}: qa[{j}]: field {name!r} must be a non-empty string, got {got}")
+        check_qa(row, where)
         row["_questions"] = [Question.from_row(q, f"{where}: mcq[{j}]") for j, q in enumerate(row.get("mcq", []))]
 
     def item_from_audio(self, path: str) -> dict[str, Any]:
@@ -371,22 +363,10 @@ class EvidenceGameEnv(CaptionEnv):
         held-out clip: ``tools/instruct_probe.py``); its answers then tell the Composer nothing c0 does
         not. The subjects are those of the split's ``qa`` ``meta.subject``, each asked in its first
         question's words; which ones is drawn by the item's id."""
-        if not self.demo_absent:
-            return []
-        if self._subjects is None:
-            self._subjects = {}
-            for row in self.items:
-                for pair in row.get("qa", []):
-                    subject = (pair.get("meta") or {}).get("subject")
-                    if isinstance(subject, str):
-                        self._subjects.setdefault(subject, pair["question"])
-            if not self._subjects:
-                raise ValueError("demo_absent asks about subjects a clip lacks; no item of the split names one "
-                                 "(field 'qa', 'meta.subject')")
-        held = {(pair.get("meta") or {}).get("subject") for pair in item.get("qa", [])}
-        lacking = sorted(s for s in self._subjects if s not in held)
-        return [(self.instruct_obs(item, c0, [], self._subjects[s]), f"The {s} is not heard.")
-                for s in draw.sample(lacking, min(self.demo_absent, len(lacking)))]
+        if self.demo_absent and self._subjects is None:
+            self._subjects = subject_questions(self.items)
+        return [(self.instruct_obs(item, c0, [], question), answer)
+                for question, answer in absent_pairs(item, self._subjects or {}, draw, self.demo_absent)]
 
     def supported_final(self, item: Mapping[str, Any], c0: str, qa: Sequence[tuple[str, str]]) -> str:
         """c0 mended by the answers: a final caption that states only what the evidence holds.

@@ -290,6 +290,63 @@ def test_demonstrations_are_the_gold_caption(env, sound_rows):
     np.testing.assert_array_equal(obs["media"]["waveform"], reset_obs["media"]["waveform"])
 
 
+def test_question_turns_beside_the_caption_answer_from_the_same_audio(toy_soundscapes, sound_rows):
+    """demo_qa / demo_absent: after the gold caption, question turns on the same waveform — gold answers
+    to the clip's own questions and "not heard" for subjects it lacks — drawn the same way every time."""
+    manifest = str(toy_soundscapes / "train.jsonl")
+    env = gymnasium.make(ENV_ID, manifest=manifest, prompt="compact", demo_qa=2, demo_absent=1).unwrapped
+    subjects: dict[str, str] = {}
+    for q in (q for row in sound_rows for q in row["qa"]):
+        subjects.setdefault(q["meta"]["subject"], q["question"])
+    absent = 0
+    for item, row in zip(env.items, sound_rows):
+        demos = env.demonstrations(item)
+        assert demos[0][1] == row["caption"]
+        gold = {(q["question"], q["answer"]) for q in row["qa"]}
+        lacking = set(subjects) - {q["meta"]["subject"] for q in row["qa"]}
+        turns = demos[1:]
+        assert len(turns) == min(2, len(row["qa"])) + min(1, len(lacking))
+        for observation, target in turns:
+            assert observation["agent"] == "policy"
+            text = observation["messages"][0]["content"]
+            assert text.startswith("Question : ") and text.endswith("\nAnswer from the audio .")
+            question = text.removeprefix("Question : ").split("\n")[0]
+            if target.endswith(" is not heard."):
+                subject = target.removeprefix("The ").removesuffix(" is not heard.")
+                assert subject in lacking and question == subjects[subject]
+                absent += 1
+            else:
+                assert (question, target) in gold
+            np.testing.assert_array_equal(observation["media"]["waveform"], demos[0][0]["media"]["waveform"])
+        assert [t for _, t in env.demonstrations(item)] == [t for _, t in demos], "drawn by the item"
+    assert absent, "no toy clip lacks a subject of its split"
+    # off by default: the caption alone, as before
+    plain = gymnasium.make(ENV_ID, manifest=manifest, prompt="compact").unwrapped
+    assert [t for _, t in plain.demonstrations(plain.items[0])] == [sound_rows[0]["caption"]]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="demo_qa must be an int >= 0"):
+            gymnasium.make(ENV_ID, manifest=manifest, demo_qa=bad)
+
+
+def test_question_turns_refuse_a_malformed_qa_field(toy_soundscapes, sound_rows, tmp_path):
+    """With question turns on, a row whose 'qa' the turns cannot read is refused at load naming the row
+    and the pair; without them, the field is not read."""
+    rows = [dict(r) for r in sound_rows]
+    rows[1]["qa"] = [{"question": "When is it heard?"}]
+    for r in rows:
+        r["audio"] = str(toy_soundscapes / r["audio"])
+    path = _write(tmp_path / "bad_qa.jsonl", rows)
+    with pytest.raises(ManifestError, match=r"bad_qa\.jsonl:2: qa\[0\]: field 'answer' must be a non-empty string, got missing"):
+        gymnasium.make(ENV_ID, manifest=str(path), demo_qa=1)
+    gymnasium.make(ENV_ID, manifest=str(path))  # captions only: the field is not read
+    bare = [{k: v for k, v in r.items() if k != "qa"} for r in sound_rows]
+    for r in bare:
+        r["audio"] = str(toy_soundscapes / r["audio"])
+    unnamed = gymnasium.make(ENV_ID, manifest=str(_write(tmp_path / "no_qa.jsonl", bare)), demo_absent=1).unwrapped
+    with pytest.raises(ValueError, match="meta.subject"):
+        unnamed.demonstrations(unnamed.items[0])
+
+
 def test_unlabelled_audio_is_captioned_without_a_score(toy_soundscapes, env):
     item = env.unwrapped.item_from_audio(str(toy_soundscapes / "audio" / "train-0001.wav"))
     env.reset(options={"item": item})

@@ -13,6 +13,9 @@ compares what it claims with the clip's gold events and with whether c0 already 
     OMP_NUM_THREADS=1 python tools/instruct_probe.py --config configs/real/acecap-supported.yaml \\
         --checkpoint runs/real/v8/acecap-demo-s21/checkpoints/last.ckpt --clips 16 --out probe-s21.jsonl
 
+On an AudioMap run (``configs/real/audiomap-sft-qa.yaml``, whose warm start also answers questions)
+its policy writes c0 and answers, hearing each question without c0 (the form of its question turns).
+
 One JSON row per (clip, sound) goes to ``--out``; the table goes to stdout.
 """
 
@@ -92,6 +95,7 @@ def main(argv=None) -> None:
 
     import torch
 
+    from agentcap.core.episode import Episode
     from agentcap.training.loading import trained_module
     from agentcap_envs.real.speech import EFFECTS
 
@@ -100,13 +104,17 @@ def main(argv=None) -> None:
     env = module.env_config.make("test").unwrapped
     items = env.items[: args.clips]
     batch = module.generation_batch_size
+    game = hasattr(env, "instruct_obs")  # else an AudioMap run: its policy captions and answers
+    captioner, instruct = (module.agents["captioner"], module.agents["instruct"]) if game else (module.agents["policy"],) * 2
     with torch.no_grad():
-        c0s = [g.text for g in module.agents["captioner"].generate(
-            [env.captioner_obs(item) for item in items], greedy=True, batch_size=batch, old_logprobs=False)]
-        observations = [env.instruct_obs(item, c0, [], f"When is the {effect.name} heard?")
+        c0s = [g.text for g in captioner.generate(
+            [env.captioner_obs(item) if game else env.begin(Episode(item=dict(item))) for item in items],
+            greedy=True, batch_size=batch, old_logprobs=False)]
+        # the game's Instruct reads c0 before the question; AudioMap's policy hears the question alone
+        observations = [env.instruct_obs(item, c0, [], f"When is the {effect.name} heard?") if game
+                        else env.question_obs(item, f"When is the {effect.name} heard?")
                         for item, c0 in zip(items, c0s) for effect in EFFECTS]
-        answers = [g.text for g in module.agents["instruct"].generate(
-            observations, greedy=True, batch_size=batch, old_logprobs=False)]
+        answers = [g.text for g in instruct.generate(observations, greedy=True, batch_size=batch, old_logprobs=False)]
     rows = probe_rows(items, c0s, answers, EFFECTS)
     with open(args.out, "w") as out:
         out.writelines(json.dumps(r) + "\n" for r in rows)
