@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -23,7 +21,7 @@ from agentcap.rewards.functional.cloze import (
     evidence_sufficiency,
     length_ramp_reward,
 )
-from agentcap_envs.audio_qa import ANSWER_PROMPTS, absent_pairs, check_qa, subject_questions
+from agentcap_envs.audio_qa import ANSWER_PROMPTS, BalancedQuestions, check_qa
 
 PROMPTS = {
     "paper": (
@@ -80,9 +78,11 @@ class ClozeCaptionEnv(CaptionEnv):
     samples refused naming the row, when the item is used) or ``decode`` (every clip decoded at
     load, so ``on_error: skip`` drops those too).
     demo_qa, demo_absent: question turns the warm start shows beside each gold caption, on the same
-    audio: ``demo_qa`` of the clip's ``qa`` pairs (question → gold answer) and ``demo_absent``
-    questions about subjects the clip lacks (→ "The <subject> is not heard."; see
-    ``agentcap_envs.audio_qa``), which ones drawn by the item's id. An Instruct warmed up from a base
+    audio: ``demo_qa`` questions about subjects the clip holds (from its ``qa`` pairs, gold answers),
+    and questions about subjects it lacks (→ "The <subject> is not heard."), ``demo_absent`` of them
+    per present one over the split, subject by subject, in the same question forms, so a question's
+    words do not give its answer away (``agentcap_envs.audio_qa.BalancedQuestions``); drawn by the
+    item's id. An Instruct warmed up from a base
     taught only to caption answers each sound by habit, not by the audio (docs/real.md); a base that
     also answered these starts it from an audio LM that answers, as the paper's Instruct starts.
 
@@ -117,14 +117,17 @@ class ClozeCaptionEnv(CaptionEnv):
         max_skip_fraction: float = 0.1,
         audio_check: Literal["header", "decode"] = "header",
         demo_qa: int = 0,
-        demo_absent: int = 0,
+        demo_absent: float = 0.0,
     ):
         self.sample_rate, self.max_seconds, self.audio_check = sample_rate, max_seconds, audio_check
-        for name, value in (("demo_qa", demo_qa), ("demo_absent", demo_absent)):
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if not (isinstance(demo_qa, int) and not isinstance(demo_qa, bool) and demo_qa >= 0):
+            raise ValueError(f"demo_qa must be an int >= 0, got {demo_qa!r}")
+        if not (isinstance(demo_absent, (int, float)) and not isinstance(demo_absent, bool) and 0 <= demo_absent <= 1e3):
+            raise ValueError(f"demo_absent must be a number >= 0 (absent turns per present turn), got {demo_absent!r}")
+        if demo_absent and not demo_qa:
+            raise ValueError("demo_absent counts absent turns per present one; with demo_qa=0 there are none (set demo_qa >= 1)")
         self.demo_qa, self.demo_absent = demo_qa, demo_absent
-        self._subjects: dict[str, str] | None = None
+        self._questions: BalancedQuestions | None = None
         super().__init__(
             manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
             max_skip_fraction=max_skip_fraction,
@@ -206,12 +209,9 @@ class ClozeCaptionEnv(CaptionEnv):
         demos = [(observation, item["caption"])]
         if not (self.demo_qa or self.demo_absent):
             return demos
-        draw = random.Random(zlib.crc32(str(item["id"]).encode()))
-        qa = item.get("qa", [])
-        pairs = [(p["question"], p["answer"]) for p in draw.sample(qa, min(self.demo_qa, len(qa)))]
-        if self.demo_absent and self._subjects is None:
-            self._subjects = subject_questions(self.items)
-        pairs += absent_pairs(item, self._subjects or {}, draw, self.demo_absent)
+        if self._questions is None:
+            self._questions = BalancedQuestions(self.items, self.demo_qa, self.demo_absent)
+        pairs = self._questions.turns(item)
         return demos + [(self.question_obs(item, question, observation["media"]), target) for question, target in pairs]
 
     def question_obs(self, item: Mapping[str, Any], question: str, media: Mapping[str, Any] | None = None):

@@ -292,20 +292,22 @@ def test_demonstrations_are_the_gold_caption(env, sound_rows):
 
 def test_question_turns_beside_the_caption_answer_from_the_same_audio(toy_soundscapes, sound_rows):
     """demo_qa / demo_absent: after the gold caption, question turns on the same waveform — gold answers
-    to the clip's own questions and "not heard" for subjects it lacks — drawn the same way every time."""
+    about subjects the clip holds, "not heard" about ones it lacks, in the split's question forms for
+    that subject — drawn the same way every time."""
     manifest = str(toy_soundscapes / "train.jsonl")
-    env = gymnasium.make(ENV_ID, manifest=manifest, prompt="compact", demo_qa=2, demo_absent=1).unwrapped
-    subjects: dict[str, str] = {}
+    env = gymnasium.make(ENV_ID, manifest=manifest, prompt="compact", demo_qa=2, demo_absent=1.0).unwrapped
+    forms: dict[str, set[str]] = {}
     for q in (q for row in sound_rows for q in row["qa"]):
-        subjects.setdefault(q["meta"]["subject"], q["question"])
+        forms.setdefault(q["meta"]["subject"], set()).add(q["question"])
     absent = 0
     for item, row in zip(env.items, sound_rows):
         demos = env.demonstrations(item)
         assert demos[0][1] == row["caption"]
         gold = {(q["question"], q["answer"]) for q in row["qa"]}
-        lacking = set(subjects) - {q["meta"]["subject"] for q in row["qa"]}
+        held = {q["meta"]["subject"] for q in row["qa"]}
         turns = demos[1:]
-        assert len(turns) == min(2, len(row["qa"])) + min(1, len(lacking))
+        present = [t for t in turns if not t[1].endswith(" is not heard.")]
+        assert len(present) == min(2, len(held))
         for observation, target in turns:
             assert observation["agent"] == "policy"
             text = observation["messages"][0]["content"]
@@ -313,19 +315,53 @@ def test_question_turns_beside_the_caption_answer_from_the_same_audio(toy_sounds
             question = text.removeprefix("Question : ").split("\n")[0]
             if target.endswith(" is not heard."):
                 subject = target.removeprefix("The ").removesuffix(" is not heard.")
-                assert subject in lacking and question == subjects[subject]
+                assert subject not in held and question in forms[subject]
                 absent += 1
             else:
                 assert (question, target) in gold
             np.testing.assert_array_equal(observation["media"]["waveform"], demos[0][0]["media"]["waveform"])
         assert [t for _, t in env.demonstrations(item)] == [t for _, t in demos], "drawn by the item"
-    assert absent, "no toy clip lacks a subject of its split"
+    assert absent, "no toy clip was asked about a subject it lacks"
     # off by default: the caption alone, as before
     plain = gymnasium.make(ENV_ID, manifest=manifest, prompt="compact").unwrapped
     assert [t for _, t in plain.demonstrations(plain.items[0])] == [sound_rows[0]["caption"]]
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="demo_qa must be an int >= 0"):
             gymnasium.make(ENV_ID, manifest=manifest, demo_qa=bad)
+    with pytest.raises(ValueError, match="demo_absent must be a number >= 0"):
+        gymnasium.make(ENV_ID, manifest=manifest, demo_qa=1, demo_absent=-0.5)
+    with pytest.raises(ValueError, match="set demo_qa >= 1"):
+        gymnasium.make(ENV_ID, manifest=manifest, demo_absent=1.0)
+
+
+def test_a_question_s_words_do_not_give_its_answer_away():
+    """Over a split, each question form is asked of clips that hold its subject about as often as of
+    clips that lack it (demo_absent = 1), however rare the subject; the speaker, on every clip, is
+    never asked as absent. One form for every absent subject taught the form, not the audio."""
+    from agentcap_envs.audio_qa import BalancedQuestions
+
+    draw = __import__("random").Random(0)
+    items = []
+    for i in range(10000):
+        qa = [{"question": q, "answer": "says hi", "meta": {"subject": "woman"}}
+              for q in ("What does the woman say?", "When does the woman speak?", "What happens when the woman speaks?")]
+        for subject, share in (("bell", 0.08), ("chime", 0.2), ("paper", 0.5)):
+            if draw.random() < share:
+                qa += [{"question": f"When is the {subject} heard?", "answer": f"The {subject} is heard at 1 s.",
+                        "meta": {"subject": subject}},
+                       {"question": f"What happens with the {subject}?", "answer": f"A {subject} sounds.",
+                        "meta": {"subject": subject}}]
+        items.append({"id": f"c{i}", "qa": qa})
+    turns = BalancedQuestions(items, per_clip=1, absent_ratio=1.0)
+    counts: dict[str, list[int]] = {}  # question -> [present, absent]
+    for item in items:
+        for question, answer in turns.turns(item):
+            counts.setdefault(question, [0, 0])[answer.endswith(" is not heard.")] += 1
+    for question, (present, absent) in counts.items():
+        if "woman" in question:
+            assert absent == 0 and present > 0, question
+        else:
+            assert present > 100 and 0.8 < absent / present < 1.25, (question, present, absent)
 
 
 def test_question_turns_refuse_a_malformed_qa_field(toy_soundscapes, sound_rows, tmp_path):
@@ -342,7 +378,7 @@ def test_question_turns_refuse_a_malformed_qa_field(toy_soundscapes, sound_rows,
     bare = [{k: v for k, v in r.items() if k != "qa"} for r in sound_rows]
     for r in bare:
         r["audio"] = str(toy_soundscapes / r["audio"])
-    unnamed = gymnasium.make(ENV_ID, manifest=str(_write(tmp_path / "no_qa.jsonl", bare)), demo_absent=1).unwrapped
+    unnamed = gymnasium.make(ENV_ID, manifest=str(_write(tmp_path / "no_qa.jsonl", bare)), demo_qa=1, demo_absent=1).unwrapped
     with pytest.raises(ValueError, match="meta.subject"):
         unnamed.demonstrations(unnamed.items[0])
 
