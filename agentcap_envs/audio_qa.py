@@ -55,7 +55,10 @@ def subject_questions(items: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 def absent_pairs(item: Mapping[str, Any], subjects: Mapping[str, str], draw: random.Random,
                  count: int) -> list[tuple[str, str]]:
     """Up to ``count`` (question, "The <subject> is not heard.") pairs about subjects the clip lacks,
-    which ones drawn by ``draw`` (seed it by the item, so an item shows the same ones every time)."""
+    which ones drawn by ``draw`` (seed it by the item, so an item shows the same ones every time).
+
+    Each subject is asked in one form: the evidence game's ``demo_absent`` turns, kept as its
+    recipes were measured. That form can give the answer away (see :class:`BalancedQuestions`)."""
     if not count:
         return []
     held = {(pair.get("meta") or {}).get("subject") for pair in item.get("qa", [])}
