@@ -38,17 +38,29 @@ def check_qa(row: Mapping[str, Any], where: str) -> None:
                 raise ManifestError(f"{where}: qa[{j}]: field {name!r} must be a non-empty string, got {got}")
 
 
+def _held(item: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
+    """The clip's (question, answer) pairs by subject (pairs that name none are left out)."""
+    held: dict[str, list[tuple[str, str]]] = {}
+    for pair in item.get("qa", []):
+        subject = (pair.get("meta") or {}).get("subject")
+        if isinstance(subject, str):
+            held.setdefault(subject, []).append((pair["question"], pair["answer"]))
+    return held
+
+
+def _no_subjects() -> ValueError:
+    return ValueError("demo_absent asks about subjects a clip lacks; no item of the split names one "
+                      "(field 'qa', 'meta.subject')")
+
+
 def subject_questions(items: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """Each subject of the split's ``qa`` ``meta.subject``, asked in its first question's words."""
     subjects: dict[str, str] = {}
     for row in items:
-        for pair in row.get("qa", []):
-            subject = (pair.get("meta") or {}).get("subject")
-            if isinstance(subject, str):
-                subjects.setdefault(subject, pair["question"])
+        for subject, pairs in _held(row).items():
+            subjects.setdefault(subject, pairs[0][0])
     if not subjects:
-        raise ValueError("demo_absent asks about subjects a clip lacks; no item of the split names one "
-                         "(field 'qa', 'meta.subject')")
+        raise _no_subjects()
     return subjects
 
 
@@ -61,19 +73,9 @@ def absent_pairs(item: Mapping[str, Any], subjects: Mapping[str, str], draw: ran
     recipes were measured. That form can give the answer away (see :class:`BalancedQuestions`)."""
     if not count:
         return []
-    held = {(pair.get("meta") or {}).get("subject") for pair in item.get("qa", [])}
+    held = _held(item)
     lacking = sorted(s for s in subjects if s not in held)
     return [(subjects[s], f"The {s} is not heard.") for s in draw.sample(lacking, min(count, len(lacking)))]
-
-
-def _held(item: Mapping[str, Any]) -> dict[str, list[tuple[str, str]]]:
-    """The clip's (question, answer) pairs by subject (pairs that name none are left out)."""
-    held: dict[str, list[tuple[str, str]]] = {}
-    for pair in item.get("qa", []):
-        subject = (pair.get("meta") or {}).get("subject")
-        if isinstance(subject, str):
-            held.setdefault(subject, []).append((pair["question"], pair["answer"]))
-    return held
 
 
 class BalancedQuestions:
@@ -103,8 +105,7 @@ class BalancedQuestions:
                 forms = self.forms.setdefault(subject, [])
                 forms.extend(q for q, _ in pairs if q not in forms)
         if absent_ratio and not self.forms:
-            raise ValueError("demo_absent asks about subjects a clip lacks; no item of the split names one "
-                             "(field 'qa', 'meta.subject')")
+            raise _no_subjects()
         lacking = {s: len(items) - n for s, n in holding.items()}
         #: the probability that a clip lacking the subject is asked about it
         self.rates = {s: min(1.0, absent_ratio * present[s] / lacking[s]) if lacking[s] else 0.0 for s in holding}

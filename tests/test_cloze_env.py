@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import gymnasium
@@ -340,7 +341,7 @@ def test_a_question_s_words_do_not_give_its_answer_away():
     never asked as absent. One form for every absent subject taught the form, not the audio."""
     from agentcap_envs.audio_qa import BalancedQuestions
 
-    draw = __import__("random").Random(0)
+    draw = random.Random(0)
     items = []
     for i in range(10000):
         qa = [{"question": q, "answer": "says hi", "meta": {"subject": "woman"}}
