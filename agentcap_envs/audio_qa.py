@@ -53,29 +53,36 @@ def _no_subjects() -> ValueError:
                       "(field 'qa', 'meta.subject')")
 
 
-def subject_questions(items: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """Each subject of the split's ``qa`` ``meta.subject``, asked in its first question's words."""
-    subjects: dict[str, str] = {}
+def subject_questions(items: Sequence[Mapping[str, Any]], forms: str = "first") -> dict[str, list[str]]:
+    """Each subject of the split's ``qa`` ``meta.subject`` with the words it is asked in: its first
+    question's (``forms="first"``) or every form its questions take in the split (``"all"``)."""
+    subjects: dict[str, list[str]] = {}
     for row in items:
         for subject, pairs in _held(row).items():
-            subjects.setdefault(subject, pairs[0][0])
+            words = subjects.setdefault(subject, [])
+            if forms == "all" or not words:
+                words.extend(q for q, _ in (pairs if forms == "all" else pairs[:1]) if q not in words)
     if not subjects:
         raise _no_subjects()
     return subjects
 
 
-def absent_pairs(item: Mapping[str, Any], subjects: Mapping[str, str], draw: random.Random,
+def absent_pairs(item: Mapping[str, Any], subjects: Mapping[str, Sequence[str]], draw: random.Random,
                  count: int) -> list[tuple[str, str]]:
     """Up to ``count`` (question, "The <subject> is not heard.") pairs about subjects the clip lacks,
-    which ones drawn by ``draw`` (seed it by the item, so an item shows the same ones every time).
+    which ones (and, where a subject has several, which words) drawn by ``draw`` (seed it by the item,
+    so an item shows the same ones every time).
 
-    Each subject is asked in one form: the evidence game's ``demo_absent`` turns, kept as its
-    recipes were measured. That form can give the answer away (see :class:`BalancedQuestions`)."""
+    The evidence game's ``demo_absent`` turns. Asked in one form per subject (``subject_questions``
+    with ``forms="first"``, as its recipes were measured) the words can give the answer away (see
+    :class:`BalancedQuestions`); ``forms="all"`` draws them from the subject's present forms."""
     if not count:
         return []
     held = _held(item)
     lacking = sorted(s for s in subjects if s not in held)
-    return [(subjects[s], f"The {s} is not heard.") for s in draw.sample(lacking, min(count, len(lacking)))]
+    picked = draw.sample(lacking, min(count, len(lacking)))
+    return [(subjects[s][0] if len(subjects[s]) == 1 else draw.choice(subjects[s]), f"The {s} is not heard.")
+            for s in picked]
 
 
 class BalancedQuestions:

@@ -135,7 +135,8 @@ class EvidenceGameEnv(CaptionEnv):
     facts neither c0 nor the answers hold) or ``supported`` (c0 mended by the answers alone, see
     ``supported_final``: the warm-up never shows a fact the evidence lacks). demo_absent: Instruct
     warm-up turns per clip that ask about a subject the clip lacks and answer that it is not heard
-    (see ``absent_demonstrations``), so the warm-started Instruct does not say yes to every question.
+    (see ``absent_demonstrations``), so the warm-started Instruct does not say yes to every question;
+    demo_absent_forms: their words, each subject's ``first`` question's or drawn from ``all`` its forms.
     audio_check: ``header`` (each clip's header at load; decoded, and a truncated file or NaN / Inf
     samples refused naming the row, when the item is used) or ``decode`` (every clip decoded at load,
     so ``on_error: skip`` drops those too).
@@ -173,6 +174,7 @@ class EvidenceGameEnv(CaptionEnv):
         demo_c0: Literal["short", "dense", "own"] = "short",
         demo_final: Literal["gold", "supported"] = "gold",
         demo_absent: int = 0,
+        demo_absent_forms: Literal["first", "all"] = "first",
         defer_scoring: bool = False,
         on_error: Literal["raise", "skip"] = "raise",
         max_skip_fraction: float = 0.1,
@@ -209,8 +211,8 @@ class EvidenceGameEnv(CaptionEnv):
         self.demo_final = demo_final
         if not (isinstance(demo_absent, int) and demo_absent >= 0):
             raise ValueError(f"demo_absent must be an int >= 0, got {demo_absent!r}")
-        self.demo_absent = demo_absent
-        self._subjects: dict[str, str] | None = None
+        self.demo_absent, self.demo_absent_forms = demo_absent, demo_absent_forms
+        self._subjects: dict[str, list[str]] | None = None
         self._supported: dict[tuple[str, str, tuple[tuple[str, str], ...]], str] = {}
         self._examiner = None
         if mode == "instruct":
@@ -362,9 +364,11 @@ class EvidenceGameEnv(CaptionEnv):
         says yes to any question (it answered a time for each of six sounds, present or not, on every
         held-out clip: ``tools/instruct_probe.py``); its answers then tell the Composer nothing c0 does
         not. The subjects are those of the split's ``qa`` ``meta.subject``, each asked in its first
-        question's words; which ones is drawn by the item's id."""
+        question's words (``demo_absent_forms="first"``) or in words drawn from those its present
+        questions take (``"all"``: one form per subject teaches the form, not the audio; docs/real.md
+        "A warm start that also answers"); which ones is drawn by the item's id."""
         if self.demo_absent and self._subjects is None:
-            self._subjects = subject_questions(self.items)
+            self._subjects = subject_questions(self.items, self.demo_absent_forms)
         return [(self.instruct_obs(item, c0, [], question), answer)
                 for question, answer in absent_pairs(item, self._subjects or {}, draw, self.demo_absent)]
 

@@ -460,6 +460,29 @@ def test_absent_demonstrations_teach_the_instruct_to_say_not_heard(make, sound_r
         unnamed.demonstrations(unnamed.items[0])
 
 
+def test_absent_questions_can_take_every_form_the_subject_is_asked_in(make, sound_rows):
+    """demo_absent_forms="all": an absent subject is asked in words drawn from the forms its present
+    questions take in the split, so the words alone do not say "not heard"; "first" keeps one form."""
+    forms: dict[str, set[str]] = {}
+    for q in (q for row in sound_rows for q in row["qa"]):
+        forms.setdefault(q["meta"]["subject"], set()).add(q["question"])
+    assert any(len(f) > 1 for f in forms.values()), "no toy subject is asked in two forms"
+    asked: dict[str, dict[str, set[str]]] = {"first": {}, "all": {}}
+    for mode in asked:
+        env = make(budget=1, demo_questions=0, demo_absent=3, demo_absent_forms=mode).unwrapped
+        plain = make(budget=1, demo_questions=0).unwrapped
+        for item in env.items:
+            for observation, answer in env.demonstrations(item)[len(plain.demonstrations(item)):]:
+                subject = answer.removeprefix("The ").removesuffix(" is not heard.")
+                question = observation["messages"][0]["content"].split("Question : ")[1].split("\n")[0]
+                assert question in forms[subject]
+                asked[mode].setdefault(subject, set()).add(question)
+    assert all(len(f) == 1 for f in asked["first"].values())
+    assert any(len(f) > 1 for f in asked["all"].values())
+    with pytest.raises(ValueError, match="'demo_absent_forms' must be one of \\['first', 'all'\\], got 'every'"):
+        make(demo_absent=1, demo_absent_forms="every")
+
+
 def test_supported_final_states_only_what_c0_and_the_answers_hold(make, sound_rows):
     """demo_final="supported": the final-caption target is c0 mended by the answers (a missing event
     inserted at its time, a wrong sentence replaced), never the gold caption's unasked facts."""
