@@ -59,9 +59,11 @@ def subject_questions(items: Sequence[Mapping[str, Any]], forms: str = "first") 
     subjects: dict[str, list[str]] = {}
     for row in items:
         for subject, pairs in _held(row).items():
-            words = subjects.setdefault(subject, [])
-            if forms == "all" or not words:
-                words.extend(q for q, _ in (pairs if forms == "all" else pairs[:1]) if q not in words)
+            if forms == "first":
+                subjects.setdefault(subject, [pairs[0][0]])
+            else:
+                words = subjects.setdefault(subject, [])
+                words.extend(q for q, _ in pairs if q not in words)
     if not subjects:
         raise _no_subjects()
     return subjects
@@ -103,16 +105,13 @@ class BalancedQuestions:
         self.per_clip, self.absent_ratio = per_clip, absent_ratio
         present: dict[str, float] = {}
         holding: dict[str, int] = {}
-        self.forms: dict[str, list[str]] = {}
         for item in items:
             held = _held(item)
-            for subject, pairs in held.items():
+            for subject in held:
                 holding[subject] = holding.get(subject, 0) + 1
                 present[subject] = present.get(subject, 0.0) + min(per_clip, len(held)) / len(held)
-                forms = self.forms.setdefault(subject, [])
-                forms.extend(q for q, _ in pairs if q not in forms)
-        if absent_ratio and not self.forms:
-            raise _no_subjects()
+        #: each subject's question forms, the words its absent turns are drawn from
+        self.forms = subject_questions(items, "all") if absent_ratio else {}
         lacking = {s: len(items) - n for s, n in holding.items()}
         #: the probability that a clip lacking the subject is asked about it
         self.rates = {s: min(1.0, absent_ratio * present[s] / lacking[s]) if lacking[s] else 0.0 for s in holding}
