@@ -84,7 +84,9 @@ class ClozeCaptionEnv(CaptionEnv):
     words do not give its answer away (``agentcap_envs.audio_qa.BalancedQuestions``); drawn by the
     item's id. An Instruct warmed up from a base taught only to caption answers each sound by habit,
     not by the audio (docs/real.md); a base that also answered these starts it from an audio LM
-    that answers, as the paper's Instruct starts.
+    that answers, as the paper's Instruct starts. demo_caption: ``False`` drops the gold caption from
+    the warm start, so its loss is the answers' alone (beside a caption, the answers' few tokens are a
+    small share of it).
 
     ## Version history
     v0: first version.
@@ -118,6 +120,7 @@ class ClozeCaptionEnv(CaptionEnv):
         audio_check: Literal["header", "decode"] = "header",
         demo_qa: int = 0,
         demo_absent: float = 0.0,
+        demo_caption: bool = True,
     ):
         self.sample_rate, self.max_seconds, self.audio_check = sample_rate, max_seconds, audio_check
         if not (isinstance(demo_qa, int) and not isinstance(demo_qa, bool) and demo_qa >= 0):
@@ -126,7 +129,9 @@ class ClozeCaptionEnv(CaptionEnv):
             raise ValueError(f"demo_absent must be a number >= 0 (absent turns per present turn), got {demo_absent!r}")
         if demo_absent and not demo_qa:
             raise ValueError("demo_absent counts absent turns per present one; with demo_qa=0 there are none (set demo_qa >= 1)")
-        self.demo_qa, self.demo_absent = demo_qa, demo_absent
+        if not demo_caption and not demo_qa:
+            raise ValueError("demo_caption=False leaves the warm start only its question turns; with demo_qa=0 there are none (set demo_qa >= 1)")
+        self.demo_qa, self.demo_absent, self.demo_caption = demo_qa, demo_absent, demo_caption
         self._questions: BalancedQuestions | None = None
         super().__init__(
             manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
@@ -204,9 +209,10 @@ class ClozeCaptionEnv(CaptionEnv):
         return None
 
     def demonstrations(self, item: Mapping[str, Any]) -> list[tuple[dict[str, Any], str]]:
-        """The gold caption, then the ``demo_qa`` and ``demo_absent`` question turns on the same audio."""
+        """The gold caption (unless ``demo_caption`` is off), then the ``demo_qa`` and ``demo_absent``
+        question turns on the same audio."""
         observation = self.begin(Episode(item=dict(item)))
-        demos = [(observation, item["caption"])]
+        demos = [(observation, item["caption"])] if self.demo_caption else []
         if not (self.demo_qa or self.demo_absent):
             return demos
         if self._questions is None:

@@ -333,6 +333,13 @@ def test_question_turns_beside_the_caption_answer_from_the_same_audio(toy_sounds
         gymnasium.make(ENV_ID, manifest=manifest, demo_qa=1, demo_absent=-0.5)
     with pytest.raises(ValueError, match="set demo_qa >= 1"):
         gymnasium.make(ENV_ID, manifest=manifest, demo_absent=1.0)
+    # demo_caption=False: the same question turns, without the caption before them
+    answers_only = gymnasium.make(ENV_ID, manifest=manifest, prompt="compact", demo_qa=2, demo_absent=1.0,
+                                  demo_caption=False).unwrapped
+    for item in env.items:
+        assert [t for _, t in answers_only.demonstrations(item)] == [t for _, t in env.demonstrations(item)[1:]]
+    with pytest.raises(ValueError, match="demo_caption=False.*set demo_qa >= 1"):
+        gymnasium.make(ENV_ID, manifest=manifest, demo_caption=False)
 
 
 def test_a_question_s_words_do_not_give_its_answer_away():
