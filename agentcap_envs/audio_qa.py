@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from agentcap.core.manifests import ManifestError
 
@@ -53,7 +53,7 @@ def _no_subjects() -> ValueError:
                       "(field 'qa', 'meta.subject')")
 
 
-def subject_questions(items: Sequence[Mapping[str, Any]], forms: str = "first") -> dict[str, list[str]]:
+def subject_questions(items: Sequence[Mapping[str, Any]], forms: Literal["first", "all"] = "first") -> dict[str, list[str]]:
     """Each subject of the split's ``qa`` ``meta.subject`` with the words it is asked in: its first
     question's (``forms="first"``) or every form its questions take in the split (``"all"``)."""
     subjects: dict[str, list[str]] = {}
@@ -82,9 +82,8 @@ def absent_pairs(item: Mapping[str, Any], subjects: Mapping[str, Sequence[str]],
         return []
     held = _held(item)
     lacking = sorted(s for s in subjects if s not in held)
-    picked = draw.sample(lacking, min(count, len(lacking)))
-    return [(subjects[s][0] if len(subjects[s]) == 1 else draw.choice(subjects[s]), f"The {s} is not heard.")
-            for s in picked]
+    picked = draw.sample(lacking, min(count, len(lacking)))  # before any words are drawn: the same sounds either way
+    return [(draw.choice(subjects[s]), f"The {s} is not heard.") for s in picked]
 
 
 class BalancedQuestions:
