@@ -51,3 +51,24 @@ def test_held_out_games_say_whether_the_composer_copied_c0(tmp_path):
     (tmp_path / "a" / "eval" / "S1.jsonl").write_text("\n".join(json.dumps(g) for g in games) + "\n")
     text = spread_analysis.main([str(tmp_path / "a"), "--config", str(config)])
     assert "| a | S1 | 3 | 1 | 1 | 1 | 1 |" in text
+
+
+def test_each_reward_component_gets_its_spread_inside_groups_and_its_correlation_with_the_advantage(tmp_path):
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump({"model": {"stages": [{"name": "grpo_r2", "kind": "grpo", "agent": "policy"}],
+                                                "rollout_batch_size": 4, "group_size": 4}}))
+    (tmp_path / "a").mkdir()
+    rows = []
+    for tick, esr in ((1, (0.0, 0.5, 1.0, 0.5)), (2, (1.0, 1.0, 0.0, 0.0))):
+        mean = sum(esr) / 4
+        for e in esr:  # the advantage follows ESR; ECTR is the same inside each group
+            rows.append({"stage": "grpo_r2", "tick": tick, "agent": "policy", "kind": "caption", "response": "x",
+                         "advantage": e - mean, "reward": e + 0.3, "reward/esr": e, "reward/ectr": 0.3 * tick})
+    (tmp_path / "a" / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    spread = spread_analysis.component_spread(str(tmp_path / "a"))["grpo_r2"]
+    assert abs(spread["reward/esr"][1] - 1.0) < 1e-9 and abs(spread["reward"][1] - 1.0) < 1e-9
+    assert abs(spread["reward/esr"][0] - (0.3535533905932738 + 0.5) / 2) < 1e-9 and spread["reward/esr"][2] == 2
+    assert spread["reward/ectr"][0] == 0.0 and spread["reward/ectr"][1] != spread["reward/ectr"][1]  # no spread: nan
+    text = spread_analysis.main([str(tmp_path / "a"), "--config", str(config)])
+    assert "| a | grpo_r2 | reward/esr | 0.427 | +1.00 | 2 |" in text
+    assert "| a | grpo_r2 | reward/ectr | 0.000 | — | 2 |" in text  # no spread: no correlation

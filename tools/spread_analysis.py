@@ -8,6 +8,9 @@ and, per evaluation, what the Composer's final caption did to c0 in the held-out
 (``eval/<stage>.jsonl`` traces): copied it word for word (then the question and the answer change
 nothing, and every Composer group ties), or stated fewer or more sentences than it; and in how many
 the answers raised G2P above c0's (R_G(E) > R_G(c0): the evidence told the examiner something new).
+Last, what a group's spread is about: per stage, each reward component's standard deviation inside the
+logged groups and its correlation with the advantage (a component the advantage does not follow is
+one GRPO cannot be teaching, whatever its weight).
 
     python tools/spread_analysis.py runs/real/v5/acecap-demo-s12 runs/real/v5/acecap-demo-s13 \\
         --config configs/real/acecap.yaml
@@ -16,11 +19,13 @@ the answers raised G2P above c0's (R_G(E) > R_G(c0): the evidence told the exami
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
 
+import numpy as np
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -62,6 +67,36 @@ def sampled_groups(run: str) -> dict[str, list[tuple[int, int]]]:
     for (stage, _), seen in sorted(ticks.items()):
         if seen["questions"]:
             out[stage].append((len(seen["questions"]), len(seen["answers"])))
+    return out
+
+
+def component_spread(run: str) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """stage -> component -> (mean std inside the logged groups, Pearson r of the advantage with the
+    component's deviation from its group mean (nan where either has no spread), groups), over the
+    sampled steps' logged groups."""
+    path = os.path.join(run, "samples.jsonl")
+    if not os.path.exists(path):
+        return {}
+    groups: dict[tuple[str, int, str, str], list[dict]] = defaultdict(list)
+    for _, row in read_appended(path):
+        groups[(row["stage"], row["tick"], row.get("agent", ""), row.get("kind", ""))].append(row)
+    pooled: dict[str, dict[str, list[list[float]]]] = defaultdict(lambda: defaultdict(lambda: [[], [], []]))
+    for (stage, *_), rows in groups.items():
+        for name in dict.fromkeys(k for r in rows for k in r if k == "reward" or k.startswith("reward/")):
+            values = np.array([r.get(name, np.nan) for r in rows], dtype=float)
+            if len(rows) < 2 or np.isnan(values).any():
+                continue
+            stds, deviations, advantages = pooled[stage][name]
+            stds.append(float(values.std()))
+            deviations.extend(values - values.mean())
+            advantages.extend(float(r["advantage"]) for r in rows)
+    out: dict[str, dict[str, tuple[float, float, int]]] = {}
+    for stage, names in pooled.items():
+        out[stage] = {}
+        for name, (stds, deviations, advantages) in names.items():
+            spread = np.std(deviations) > 0 and np.std(advantages) > 0
+            r = float(np.corrcoef(deviations, advantages)[0, 1]) if spread else math.nan
+            out[stage][name] = (float(np.mean(stds)), r, len(stds))
     return out
 
 
@@ -125,6 +160,13 @@ def main(argv: Sequence[str] | None = None) -> str:
     for run in args.runs:
         for stage, (n, same, fewer, more, informed) in rewrites(run, stages).items():
             lines.append(f"| {os.path.basename(run)} | {stage} | {n} | {same} | {fewer} | {more} | {informed} |")
+    lines += ["", "| run | stage | reward component | std inside a group | r with the advantage | logged groups |",
+              "|---|---|---|---|---|---|"]
+    for run in args.runs:
+        for stage, names in component_spread(run).items():
+            for name, (std, r, n) in names.items():
+                corr = "—" if math.isnan(r) else f"{r:+.2f}"
+                lines.append(f"| {os.path.basename(run)} | {stage} | {name} | {std:.3f} | {corr} | {n} |")
     text = "\n".join(lines)
     print(text)
     return text
