@@ -62,13 +62,26 @@ def test_each_reward_component_gets_its_spread_inside_groups_and_its_correlation
     for tick, esr in ((1, (0.0, 0.5, 1.0, 0.5)), (2, (1.0, 1.0, 0.0, 0.0))):
         mean = sum(esr) / 4
         for e in esr:  # the advantage follows ESR; ECTR is the same inside each group
-            rows.append({"stage": "grpo_r2", "tick": tick, "agent": "policy", "kind": "caption", "response": "x",
+            rows.append({"stage": "grpo_r2", "tick": tick, "agent": "policy", "kind": "caption",
+                         "response": "a b" if e > mean else "a b c",  # the better rollouts are shorter
                          "advantage": e - mean, "reward": e + 0.3, "reward/esr": e, "reward/ectr": 0.3 * tick})
     (tmp_path / "a" / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     spread = spread_analysis.component_spread(str(tmp_path / "a"))["grpo_r2"]
     assert abs(spread["reward/esr"][1] - 1.0) < 1e-9 and abs(spread["reward"][1] - 1.0) < 1e-9
     assert abs(spread["reward/esr"][0] - (0.3535533905932738 + 0.5) / 2) < 1e-9 and spread["reward/esr"][2] == 2
     assert spread["reward/ectr"][0] == 0.0 and spread["reward/ectr"][1] != spread["reward/ectr"][1]  # no spread: nan
+    assert spread["words"][1] < -0.8  # the advantage favours the shorter responses
     text = spread_analysis.main([str(tmp_path / "a"), "--config", str(config)])
     assert "| a | grpo_r2 | reward/esr | 0.427 | +1.00 | 2 |" in text
     assert "| a | grpo_r2 | reward/ectr | 0.000 | — | 2 |" in text  # no spread: no correlation
+
+
+def test_groups_whose_rollouts_differ_only_in_their_numbers_are_counted(tmp_path):
+    (tmp_path / "a").mkdir()
+    texts = {1: ["From 0.5 s to 1.9 s, a bell rings.", "From 0.7 s to 2 s, a bell rings."],  # numbers only
+             2: ["From 0.5 s to 1.9 s, a bell rings.", "From 0.5 s to 1.9 s, a dog barks."],  # words
+             3: ["A bell rings.", "A bell rings."]}  # no spread at all: not counted
+    rows = [{"stage": "grpo_r2", "tick": t, "agent": "policy", "kind": "caption", "response": x, "advantage": 0.0}
+            for t, xs in texts.items() for x in xs]
+    (tmp_path / "a" / "samples.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert spread_analysis.number_only_groups(str(tmp_path / "a")) == {"grpo_r2": (1, 2)}

@@ -10,7 +10,8 @@ nothing, and every Composer group ties), or stated fewer or more sentences than 
 the answers raised G2P above c0's (R_G(E) > R_G(c0): the evidence told the examiner something new).
 Last, what a group's spread is about: per stage, each reward component's standard deviation inside the
 logged groups and its correlation with the advantage (a component the advantage does not follow is
-one GRPO cannot be teaching, whatever its weight).
+one GRPO cannot be teaching, whatever its weight), the same for the response's length in words, and
+how many groups differ only in their numbers (the same words, other onsets: the advantage is timing).
 
     python tools/spread_analysis.py runs/real/v5/acecap-demo-s12 runs/real/v5/acecap-demo-s13 \\
         --config configs/real/acecap.yaml
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
@@ -71,20 +73,23 @@ def sampled_groups(run: str) -> dict[str, list[tuple[int, int]]]:
 
 
 def component_spread(run: str) -> dict[str, dict[str, tuple[float, float, int]]]:
-    """stage -> component -> (mean std inside the logged groups, Pearson r of the advantage with the
-    component's deviation from its group mean (nan where either has no spread), groups), over the
-    sampled steps' logged groups."""
+    """stage -> reward component (or ``words``) -> (mean std inside the logged groups, Pearson r of the
+    advantage with its deviation from the group mean (nan where either has no spread), groups), over
+    the sampled steps' logged groups."""
     path = os.path.join(run, "samples.jsonl")
     if not os.path.exists(path):
         return {}
     groups: dict[tuple[str, int, str, str], list[dict]] = defaultdict(list)
     for _, row in read_appended(path):
+        row["words"] = len(str(row.get("response", "")).split())  # does the advantage favour shorter responses?
         groups[(row["stage"], row["tick"], row.get("agent", ""), row.get("kind", ""))].append(row)
     pooled: dict[str, dict[str, list[list[float]]]] = defaultdict(lambda: defaultdict(lambda: [[], [], []]))
     for (stage, *_), rows in groups.items():
-        for name in dict.fromkeys(k for r in rows for k in r if k == "reward" or k.startswith("reward/")):
+        if len(rows) < 2 or any("advantage" not in r for r in rows):
+            continue
+        for name in dict.fromkeys(k for r in rows for k in r if k in ("reward", "words") or k.startswith("reward/")):
             values = np.array([r.get(name, np.nan) for r in rows], dtype=float)
-            if len(rows) < 2 or np.isnan(values).any():
+            if np.isnan(values).any():
                 continue
             stds, deviations, advantages = pooled[stage][name]
             stds.append(float(values.std()))
@@ -98,6 +103,24 @@ def component_spread(run: str) -> dict[str, dict[str, tuple[float, float, int]]]
             r = float(np.corrcoef(deviations, advantages)[0, 1]) if spread else math.nan
             out[stage][name] = (float(np.mean(stds)), r, len(stds))
     return out
+
+
+def number_only_groups(run: str) -> dict[str, tuple[int, int]]:
+    """stage -> (logged groups whose responses differ, but only in their numbers; logged groups whose
+    responses differ): where every rollout says the same words, the advantage can only be about the
+    numbers (AudioMap's onsets and ends)."""
+    path = os.path.join(run, "samples.jsonl")
+    if not os.path.exists(path):
+        return {}
+    groups: dict[tuple[str, int, str, str], list[str]] = defaultdict(list)
+    for _, row in read_appended(path):
+        groups[(row["stage"], row["tick"], row.get("agent", ""), row.get("kind", ""))].append(str(row["response"]))
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for (stage, *_), texts in groups.items():
+        if len(set(texts)) > 1:
+            out[stage][0] += len({re.sub(r"\d+(\.\d+)?", "#", t) for t in texts}) == 1
+            out[stage][1] += 1
+    return {stage: (n, m) for stage, (n, m) in out.items()}
 
 
 def turns(trace: str) -> dict[str, str]:
@@ -160,13 +183,17 @@ def main(argv: Sequence[str] | None = None) -> str:
     for run in args.runs:
         for stage, (n, same, fewer, more, informed) in rewrites(run, stages).items():
             lines.append(f"| {os.path.basename(run)} | {stage} | {n} | {same} | {fewer} | {more} | {informed} |")
-    lines += ["", "| run | stage | reward component | std inside a group | r with the advantage | logged groups |",
+    lines += ["", "| run | stage | reward component or words | std inside a group | r with the advantage | logged groups |",
               "|---|---|---|---|---|---|"]
     for run in args.runs:
         for stage, names in component_spread(run).items():
             for name, (std, r, n) in names.items():
                 corr = "—" if math.isnan(r) else f"{r:+.2f}"
                 lines.append(f"| {os.path.basename(run)} | {stage} | {name} | {std:.3f} | {corr} | {n} |")
+    lines += ["", "| run | stage | logged groups that differ only in their numbers |", "|---|---|---|"]
+    for run in args.runs:
+        for stage, (numbers, differ) in number_only_groups(run).items():
+            lines.append(f"| {os.path.basename(run)} | {stage} | {numbers} of {differ} |")
     text = "\n".join(lines)
     print(text)
     return text
