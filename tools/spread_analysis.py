@@ -72,17 +72,24 @@ def sampled_groups(run: str) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
+def logged_groups(run: str) -> dict[tuple[str, int, str, str], list[dict]]:
+    """(stage, tick, agent, kind) -> the rows of that step's logged group in ``samples.jsonl``."""
+    path = os.path.join(run, "samples.jsonl")
+    groups: dict[tuple[str, int, str, str], list[dict]] = defaultdict(list)
+    if os.path.exists(path):
+        for _, row in read_appended(path):  # a torn last line is named and dropped
+            groups[(row["stage"], row["tick"], row.get("agent", ""), row.get("kind", ""))].append(row)
+    return groups
+
+
 def component_spread(run: str) -> dict[str, dict[str, tuple[float, float, int]]]:
     """stage -> reward component (or ``words``) -> (mean std inside the logged groups, Pearson r of the
     advantage with its deviation from the group mean (nan where either has no spread), groups), over
     the sampled steps' logged groups."""
-    path = os.path.join(run, "samples.jsonl")
-    if not os.path.exists(path):
-        return {}
-    groups: dict[tuple[str, int, str, str], list[dict]] = defaultdict(list)
-    for _, row in read_appended(path):
-        row["words"] = len(str(row.get("response", "")).split())  # does the advantage favour shorter responses?
-        groups[(row["stage"], row["tick"], row.get("agent", ""), row.get("kind", ""))].append(row)
+    groups = logged_groups(run)
+    for rows in groups.values():
+        for row in rows:
+            row["words"] = len(str(row.get("response", "")).split())  # does the advantage favour shorter ones?
     pooled: dict[str, dict[str, list[list[float]]]] = defaultdict(lambda: defaultdict(lambda: [[], [], []]))
     for (stage, *_), rows in groups.items():
         if len(rows) < 2 or any("advantage" not in r for r in rows):
@@ -109,14 +116,9 @@ def number_only_groups(run: str) -> dict[str, tuple[int, int]]:
     """stage -> (logged groups whose responses differ, but only in their numbers; logged groups whose
     responses differ): where every rollout says the same words, the advantage can only be about the
     numbers (AudioMap's onsets and ends)."""
-    path = os.path.join(run, "samples.jsonl")
-    if not os.path.exists(path):
-        return {}
-    groups: dict[tuple[str, int, str, str], list[str]] = defaultdict(list)
-    for _, row in read_appended(path):
-        groups[(row["stage"], row["tick"], row.get("agent", ""), row.get("kind", ""))].append(str(row["response"]))
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for (stage, *_), texts in groups.items():
+    for (stage, *_), rows in logged_groups(run).items():
+        texts = [str(r.get("response", "")) for r in rows]
         if len(set(texts)) > 1:
             out[stage][0] += len({re.sub(r"\d+(\.\d+)?", "#", t) for t in texts}) == 1
             out[stage][1] += 1
