@@ -56,15 +56,13 @@ def zero_spread(run: str, stages: list[dict], groups_per_step: int) -> dict[tupl
 
 def sampled_groups(run: str) -> dict[str, list[tuple[int, int]]]:
     """stage -> per logged group (distinct questions asked, distinct answers given)."""
-    path = os.path.join(run, "samples.jsonl")
-    if not os.path.exists(path):
-        return {}
     ticks: dict[tuple[str, int], dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    for _, row in read_appended(path):  # a torn last line is named and dropped
-        if row.get("kind") == "question":
-            ticks[(row["stage"], row["tick"])]["questions"].add(row["response"].strip())
-        elif row.get("agent") == "instruct":
-            ticks[(row["stage"], row["tick"])]["answers"].add(row["response"].strip())
+    for (stage, tick, agent, kind), rows in logged_groups(run).items():
+        texts = {str(r["response"]).strip() for r in rows}
+        if kind == "question":
+            ticks[(stage, tick)]["questions"] |= texts
+        elif agent == "instruct":
+            ticks[(stage, tick)]["answers"] |= texts
     out: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for (stage, _), seen in sorted(ticks.items()):
         if seen["questions"]:
