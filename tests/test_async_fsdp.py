@@ -172,7 +172,7 @@ def test_k1_under_fsdp_samples_with_the_gathered_weights_and_no_collective_runs_
     agent.set_trainable(True)
     one = _steps(agent, 1, sharded=False)
     assert one["tokens"] == ranks[0]["tokens"]
-    assert one["thetas"] == pytest.approx(ranks[0]["thetas"], rel=1e-5)
+    assert one["thetas"] == pytest.approx(ranks[0]["thetas"], rel=1e-4)  # float sums in the shards' order
 
 
 def _served_steps(agent, k: int, sharded: bool, collectives: list[str] | None = None) -> dict:
@@ -267,7 +267,9 @@ def test_k1_under_fsdp_through_served_engines_installs_the_gathered_adapter_of_s
         for fake in fakes:
             fake.close()
     assert one["tokens"] == ranks[0]["tokens"]
-    assert one["sums"] == pytest.approx(ranks[0]["sums"], rel=1e-5)
+    # float sums in another order (the shards' reduce-scatter) after lr-0.5 steps: a fresh-clone CI saw
+    # a relative gap of 1.2e-5 on a sum of -0.78, so the bound is 1e-4; the tokens above are exact
+    assert one["sums"] == pytest.approx(ranks[0]["sums"], rel=1e-4)
 
 
 def test_hf_sampling_under_fsdp_is_refused_naming_the_backend_that_works(tmp_path, fake_vllm):
