@@ -28,6 +28,7 @@ from agentcap.agents.generation import Generation
 from agentcap.agents.hub import MissingWeightsError, resolve_model
 from agentcap.agents.literal import literal
 from agentcap.agents.logprobs import chosen_logprobs, head_removed, logits_logprobs, plain_head
+from agentcap.agents.sampling import number_token_ids
 from agentcap.agents.tiny import build_tiny
 from agentcap.agents.tokenizer import build_word_tokenizer, saved_word_tokenizer
 from agentcap.agents.tokens import pad_right, trim_after_eos  # noqa: F401  (trim_after_eos: re-exported)
@@ -68,6 +69,10 @@ class AgentConfig:
             memory, about one more forward); dropout stays off.
         share_prompts: HF backend: prefill a prompt that repeats in a batch (an item's G rollouts)
             once and copy its KV cache to the rows that repeat it; off gives the plain prefill.
+        greedy_numbers: HF backend: sampled responses write their numbers greedily (whether a number
+            comes next is drawn, which one is the likeliest; ``agents.sampling``), and the policy loss
+            leaves those number tokens out, since π did not draw them. For timed captions whose groups
+            would otherwise differ only in their digits (docs/real.md).
     """
 
     model: str | None = None
@@ -89,6 +94,7 @@ class AgentConfig:
     share_base_with: str | None = None
     gradient_checkpointing: bool = False
     share_prompts: bool = True
+    greedy_numbers: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.vllm, dict):
@@ -113,6 +119,9 @@ class AgentConfig:
         check(f"{key}.vllm.max_model_len", self.vllm.max_model_len, "≥ 1")
         check(f"{key}.vllm.seed", self.vllm.seed, "≥ 0")
         check(f"{key}.vllm.sync_tolerance", self.vllm.sync_tolerance, "> 0")
+        if self.greedy_numbers and self.backend != "hf":
+            raise ConfigError(f"{key}.greedy_numbers needs backend: hf (the numbers are collapsed in HF generate's "
+                              f"logits), got backend {self.backend!r}")
         if self.peft is not None:
             check(f"{key}.peft.r", self.peft.r, "≥ 1")
             check(f"{key}.peft.alpha", self.peft.alpha, "> 0")
@@ -137,6 +146,7 @@ class Agent(nn.Module):
         lr: float = 1e-5,
         adapters: Adapters | None = None,
         share_prompts: bool = True,
+        greedy_numbers: bool = False,
     ):
         super().__init__()
         self.name = name
@@ -149,6 +159,8 @@ class Agent(nn.Module):
         self.top_p = top_p
         self.lr = lr
         self.share_prompts = share_prompts  # HF backend: one prefill per distinct prompt of a batch
+        # sampled numbers are the likeliest ones, and the policy loss skips them (trained_tokens)
+        self.greedy_ids = number_token_ids(tokenizer) if greedy_numbers else None
         self.trainable = False
         self.adapters = adapters  # LoRA: only the adapter trains, the checkpoint holds only it
         # parameters the model itself keeps fixed (e.g. sinusoidal audio positions) stay fixed
@@ -300,6 +312,13 @@ class Agent(nn.Module):
     def encode(self, observations: Sequence[Observation]) -> dict[str, Any]:
         return self.family.encode(list(observations))
 
+    def trained_tokens(self, completion: torch.Tensor) -> torch.Tensor:
+        """Where the policy loss trains a sampled completion (any shape of ids): everywhere, or, with
+        ``greedy_numbers``, everywhere but the numbers, which were not drawn from π."""
+        if self.greedy_ids is None:
+            return torch.ones_like(completion, dtype=torch.bool)
+        return ~torch.isin(completion, self.greedy_ids.to(completion.device))
+
     def encode_completions(self, texts: Sequence[str]) -> list[torch.Tensor]:
         """Token ids of target completions (SFT), ending in EOS like a sampled action; the text is data:
         an ``</s>`` or ``<|im_end|>`` in it stays literal (``agentcap.agents.literal``), the EOS is ours."""
@@ -431,6 +450,7 @@ def _agent(name: str, config: AgentConfig, model, tokenizer, family: str, proces
         lr=config.lr,
         adapters=adapters,
         share_prompts=config.share_prompts,
+        greedy_numbers=config.greedy_numbers,
     )
 
 

@@ -106,7 +106,8 @@ def policy_step(
     stand_in: Sequence[Any] = (),
 ) -> dict[str, float]:
     """One optimiser step on a minibatch: its micro-batches' gradients add up under the global normaliser."""
-    local = float(sum(r.completion_ids.numel() for r in rows)) if settings.loss_aggregation == "token" else float(len(rows))
+    local = float(sum(int(agent.trained_tokens(r.completion_ids).sum()) for r in rows)) \
+        if settings.loss_aggregation == "token" else float(len(rows))
     norm = distributed.global_sums([local], device)[0]
     stats: dict[str, float] = defaultdict(float)
     # weighted sums: they add up (a sharded rank short of passes runs stand-ins at scale 0)
@@ -139,20 +140,21 @@ def policy_loss(
     ref = None if reference is None else reference.completion_logprobs(agent, inputs, completion, mask)
     logprobs, entropy = agent.completion_logprobs(inputs, completion, mask, with_entropy=True)
     old = old_or_current(rows, logprobs)
-    weights = token_weights(mask, normalizer=norm, mode=settings.loss_aggregation, dtype=logprobs.dtype) * scale
+    trained = mask * agent.trained_tokens(completion).to(mask.dtype)  # greedy numbers are not π's draws
+    weights = token_weights(trained, normalizer=norm, mode=settings.loss_aggregation, dtype=logprobs.dtype) * scale
     sampler, _ = pad_right([r.old_logprobs if r.sampler_logprobs is None else r.sampler_logprobs for r in rows],
                            0, device)
     tis = None if settings.tis_cap is None else truncated_importance_weights(old, sampler, mask, settings.tis_cap)
     out = clipped_objective(
-        logprobs, old, advantages, mask, settings.clip_eps, settings.clip_eps_high, settings.beta, ref, weights,
+        logprobs, old, advantages, trained, settings.clip_eps, settings.clip_eps_high, settings.beta, ref, weights,
         importance_weights=tis,
     )
     backward(out["loss"])
     if not scale:
         return {}
     stats = {k: float(v.detach()) for k, v in out.items()}
-    gap = sampler_gap(old, sampler, mask)  # mean: token-weighted over micro-batches, like the loss terms
-    stats["sampler_gap_mean"] = gap["sampler_gap_mean"] * float(mask.sum()) / max(norm, 1.0) \
+    gap = sampler_gap(old, sampler, trained)  # mean: token-weighted over micro-batches, like the loss terms
+    stats["sampler_gap_mean"] = gap["sampler_gap_mean"] * float(trained.sum()) / max(norm, 1.0) \
         if settings.loss_aggregation == "token" else gap["sampler_gap_mean"] * len(rows) / max(norm, 1.0)
     stats["sampler_gap_max"] = gap["sampler_gap_max"]
     stats["entropy"] = float((entropy.detach() * weights).sum())

@@ -35,6 +35,8 @@ class HFBackend:
         rank; without, from the global RNG. Repeated prompts (an item's G rollouts) are prefilled
         once when the agent's ``share_prompts`` is on (:mod:`agentcap.agents.prefix`)."""
         agent = self.agent
+        if not greedy and seeds is None and agent.greedy_ids is not None:  # the number collapse is RowSampler's
+            seeds = torch.randint(2**62, (len(observations),)).tolist()
         kwargs: dict[str, Any] = dict(
             max_new_tokens=agent.max_new_tokens,
             do_sample=not greedy and seeds is None,
@@ -46,7 +48,7 @@ class HFBackend:
         if not greedy and seeds is None:
             kwargs.update(temperature=agent.temperature, top_p=agent.top_p, top_k=0)
         elif not greedy:
-            kwargs.update(logits_processor=[RowSampler(seeds, agent.temperature, agent.top_p)])
+            kwargs.update(logits_processor=[RowSampler(seeds, agent.temperature, agent.top_p, agent.greedy_ids)])
         if agent.share_prompts and not is_sharded(agent.model):  # FSDP2 unshards in forward / generate only
             cache = agent.family.prompt_cache(inputs)  # the G copies of a prompt prefilled once
             if cache is not None:
