@@ -11,6 +11,7 @@ from tiny_agents import tiny_agent
 from agentcap.agents.agent import AgentConfig
 from agentcap.agents.sampling import RowSampler, collapse_to_best, number_token_ids
 from agentcap.agents.tokenizer import build_word_tokenizer
+from agentcap.agents.tokens import pad_right
 from agentcap.algorithms.grpo import clipped_objective, token_weights
 from agentcap.core.settings import ConfigError
 from agentcap.training.update import UpdateSettings, policy_loss, policy_step
@@ -85,8 +86,6 @@ def test_the_policy_loss_and_its_normaliser_leave_the_numbers_out():
     norm = 6.0  # the trained tokens: 4 + 2
     stats = policy_loss(agent, rows, norm, settings, device=torch.device("cpu"), backward=lambda loss: None)
     # by hand: the clipped objective on the trained tokens only, under the same normaliser
-    from agentcap.agents.tokens import pad_right
-
     completion, mask = pad_right([r.completion_ids for r in rows], agent.tokenizer.pad_token_id)
     with torch.no_grad():
         logprobs = agent.completion_logprobs(agent.encode([r.observation for r in rows]), completion, mask)
