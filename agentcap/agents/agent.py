@@ -73,6 +73,10 @@ class AgentConfig:
             comes next is drawn, which one is the likeliest; ``agents.sampling``), and the policy loss
             leaves those number tokens out, since π did not draw them. For timed captions whose groups
             would otherwise differ only in their digits (docs/real.md).
+        number_beta: with ``greedy_numbers``: a KL coefficient on those numbers alone (k3 against the
+            stage's reference, each number weighted like a trained token), so that the timing they
+            write stays near the reference's while the policy term trains the words around them.
+            0 leaves them out of the loss; needs ``--model.beta > 0`` (the reference is built then).
     """
 
     model: str | None = None
@@ -95,6 +99,7 @@ class AgentConfig:
     gradient_checkpointing: bool = False
     share_prompts: bool = True
     greedy_numbers: bool = False
+    number_beta: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.vllm, dict):
@@ -122,6 +127,10 @@ class AgentConfig:
         if self.greedy_numbers and self.backend != "hf":
             raise ConfigError(f"{key}.greedy_numbers needs backend: hf (the numbers are collapsed in HF generate's "
                               f"logits), got backend {self.backend!r}")
+        check(f"{key}.number_beta", self.number_beta, "≥ 0")
+        if self.number_beta > 0 and not self.greedy_numbers:
+            raise ConfigError(f"{key}.number_beta is the KL on the greedily written numbers: it needs "
+                              f"{key}.greedy_numbers: true, got number_beta {self.number_beta!r} without it")
         if self.peft is not None:
             check(f"{key}.peft.r", self.peft.r, "≥ 1")
             check(f"{key}.peft.alpha", self.peft.alpha, "> 0")
@@ -147,6 +156,7 @@ class Agent(nn.Module):
         adapters: Adapters | None = None,
         share_prompts: bool = True,
         greedy_numbers: bool = False,
+        number_beta: float = 0.0,
     ):
         super().__init__()
         self.name = name
@@ -161,6 +171,7 @@ class Agent(nn.Module):
         self.share_prompts = share_prompts  # HF backend: one prefill per distinct prompt of a batch
         # sampled numbers are the likeliest ones, and the policy loss skips them (trained_tokens)
         self.greedy_ids = number_token_ids(tokenizer) if greedy_numbers else None
+        self.number_beta = number_beta  # their KL to the reference (training.update.policy_loss)
         self.trainable = False
         self.adapters = adapters  # LoRA: only the adapter trains, the checkpoint holds only it
         # parameters the model itself keeps fixed (e.g. sinusoidal audio positions) stay fixed
@@ -451,6 +462,7 @@ def _agent(name: str, config: AgentConfig, model, tokenizer, family: str, proces
         adapters=adapters,
         share_prompts=config.share_prompts,
         greedy_numbers=config.greedy_numbers,
+        number_beta=config.number_beta,
     )
 
 

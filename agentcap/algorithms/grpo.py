@@ -41,15 +41,21 @@ def token_weights(
     normalizer: float | None = None,
     mode: Literal["token", "sequence"] = "token",
     dtype: torch.dtype = torch.float32,
+    on: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Weights over tokens that sum to one over the (global) batch: [N, T], in the log-probs' ``dtype``."""
+    """Weights over tokens that sum to one over the (global) batch: [N, T], in the log-probs' ``dtype``.
+
+    ``on`` puts the weight a ``mask`` token gets in its row on other tokens instead (default: ``mask``):
+    the greedily written numbers' KL weighs each number like a trained token of its row.
+    """
     mask = mask.to(dtype)
+    on = mask if on is None else on.to(dtype)
     if mode == "token":
         total = float(mask.sum()) if normalizer is None else float(normalizer)
-        return mask / max(total, 1.0)
+        return on / max(total, 1.0)
     lengths = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
     rows = float(mask.shape[0]) if normalizer is None else float(normalizer)
-    return mask / lengths / max(rows, 1.0)
+    return on / lengths / max(rows, 1.0)
 
 
 def clipped_objective(

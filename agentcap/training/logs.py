@@ -122,7 +122,7 @@ def clipped(span: Span, agent: Any) -> bool:
 
 #: Update statistics that are each rank's share of a globally weighted mean (the loss weights are
 #: normalised by the global token or sequence count), so their sum over ranks is the global value.
-SHARED_STATS = ("loss", "pg_loss", "kl", "clipfrac", "ratio", "entropy", "sampler_gap_mean")
+SHARED_STATS = ("loss", "pg_loss", "kl", "number_kl", "clipfrac", "ratio", "entropy", "sampler_gap_mean")
 
 
 def update_metrics(stats: dict[str, float], agent: str) -> dict[str, float]:

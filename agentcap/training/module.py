@@ -192,6 +192,9 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         schedule = Schedule(stages, list(agents))
         for role, config in agents.items():
             config.check(role)
+            if config.number_beta > 0 and beta == 0:
+                raise ConfigError(f"--model.agents.{role}.number_beta ({config.number_beta!r}) needs --model.beta > 0: "
+                                  f"the KL reference is built only then")
         # sizes against the host memory, before any environment or model is built (agentcap.core.bounds)
         tokens = max((config.max_new_tokens for config in agents.values()), default=1)
         kinds = {stage.kind for stage in schedule.stages}

@@ -24,7 +24,7 @@ import torch
 
 from agentcap.agents.agent import Agent
 from agentcap.agents.tokens import pad_right
-from agentcap.algorithms.grpo import clipped_objective, token_weights
+from agentcap.algorithms.grpo import clipped_objective, kl_k3, token_weights
 from agentcap.algorithms.loop import normalize_by_type
 from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weights
 from agentcap.parallel import distributed
@@ -149,7 +149,14 @@ def policy_loss(
         logprobs, old, advantages, trained, settings.clip_eps, settings.clip_eps_high, settings.beta, ref, weights,
         importance_weights=tis,
     )
-    backward(out["loss"])
+    loss = out["loss"]
+    if agent.number_beta > 0 and ref is not None:  # the greedy numbers: no policy term, their own KL
+        numbers = mask * (1 - agent.trained_tokens(completion).to(mask.dtype))
+        on = token_weights(trained, normalizer=norm, mode=settings.loss_aggregation, dtype=logprobs.dtype,
+                           on=numbers) * scale
+        out["number_kl"] = (kl_k3(logprobs, ref.detach(), numbers.bool()) * on).sum()
+        out["loss"] = loss = loss + agent.number_beta * out["number_kl"]
+    backward(loss)
     if not scale:
         return {}
     stats = {k: float(v.detach()) for k, v in out.items()}
