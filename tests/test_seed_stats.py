@@ -112,6 +112,30 @@ def test_report_pairs_benchmark_questions_one_by_one(tmp_path) -> None:
         read_benchmark_items(str(tmp_path / "toy-demo-s5"), "S1")
 
 
+def test_report_subtracts_a_control_seed_by_seed_and_item_by_item(tmp_path) -> None:
+    here, control = tmp_path / "here", tmp_path / "control"
+    for seed, gain, base in ((5, 0.1, 0.05), (6, 0.3, 0.05)):
+        _fake_run(here, seed, gain)
+        _fake_run(control, seed, base)
+    # the control gains question 0 on seed 5; the measured runs gain questions 0 and 1
+    for root, after in ((here, [1, 1, 0, 1]), (control, [1, 0, 0, 1])):
+        folder = root / "toy-demo-s5"
+        _fake_benchmark(folder, "S1", [False, False, False, True])
+        _fake_benchmark(folder, "S4", [bool(c) for c in after])
+    text = stats.report("toy", ["5", "6"], [("S1", "S4")], root=str(here), metrics=["reward", "benchmark/accuracy"],
+                        control=str(control))
+    section = text.split(f"S4 − S1 minus the same in {control}")[1].splitlines()
+    row = next(line for line in section if line.startswith("| reward |"))
+    assert row.endswith("| +0.050, +0.250 |")
+    assert str(stats.mean_interval([0.05, 0.25])) in row  # over seeds: (0.1 - 0.05), (0.3 - 0.05)
+    assert str(stats.mean_interval([0.05] * 6 + [0.25] * 6)) + " (n=12)" in row  # 6 clips x 2 seeds
+    bench = next(line for line in section if line.startswith("| benchmark/accuracy |"))
+    assert "(n=4)" in bench
+    assert str(stats.mean_interval([0, 1, 0, 0])) in bench  # only seed 5 answered questions; question 1 is the gain
+    with pytest.raises(FileNotFoundError, match="toy-demo-s7"):
+        stats.report("toy", ["5", "7"], [("S1", "S4")], root=str(here), control=str(control))
+
+
 def test_report_names_tuned_seeds_and_missing_runs(tmp_path) -> None:
     _fake_run(tmp_path, 0, 0.1)
     _fake_run(tmp_path, 5, 0.1)

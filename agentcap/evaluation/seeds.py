@@ -13,6 +13,10 @@ over seeds nobody tuned on, with an interval. For each metric this prints
   pays: G2P of the evidence and of the final caption when the Composer asked at least as many
   questions as the clip has events, minus when it asked fewer (within clips of equal event count).
   The stop utility (Eq. 15) sees only the final caption, so evidence that c^F drops earns nothing.
+* with ``--control ROOT`` (runs of the same seeds under a recipe without the part being measured,
+  e.g. its SFT stages without the GRPO stages), each pair's change minus the control's, seed by seed
+  and item by item (same seed, same held-out item): what the measured part adds to what the rest
+  of the recipe does alone.
 
 The t quantiles are scipy.stats', checked against printed tables in tests/test_seed_stats.py.
 
@@ -146,8 +150,42 @@ def paired_items(before: dict[str, dict[str, float]], after: dict[str, dict[str,
     return [after[i][metric] - before[i][metric] for i in shared if metric in before[i] and metric in after[i]]
 
 
+def change(runs: dict[str, str], summaries: dict[str, dict], pair: tuple[str, str], metric: str, seed: str
+           ) -> tuple[float, dict[str, float]]:
+    """One seed's after − before of ``metric``: in its summary, and per held-out item."""
+    before, after = pair
+    items = [{**read_eval_items(runs[seed], st), **read_benchmark_items(runs[seed], st)} for st in pair]
+    shared = sorted(set(items[0]) & set(items[1]))
+    per_item = {i: items[1][i][metric] - items[0][i][metric] for i in shared
+                if metric in items[0][i] and metric in items[1][i]}
+    return summaries[seed][after].get(metric, float("nan")) - summaries[seed][before].get(metric, float("nan")), per_item
+
+
+def against_control(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], root: str, control: str,
+                    names: Sequence[str]) -> list[str]:
+    """Each pair's change minus the control runs' change, over seeds and over (seed, item) pairs."""
+    runs, others = load_runs(name, seeds, root), load_runs(name, seeds, control)
+    summaries = {s: json.load(open(os.path.join(f, "summary.json"))) for s, f in runs.items()}
+    controls = {s: json.load(open(os.path.join(f, "summary.json"))) for s, f in others.items()}
+    lines = []
+    for pair in pairs:
+        lines += ["", f"{pair[1]} − {pair[0]} minus the same in {control} (same seeds): over seeds, and over the "
+                  "held-out items both evaluated, seed by seed.", "",
+                  "| metric | Δ here | Δ control | here − control over seeds | over items | per seed |",
+                  "|---|---|---|---|---|---|"]
+        for m in names:
+            here = [change(runs, summaries, pair, m, s) for s in seeds]
+            there = [change(others, controls, pair, m, s) for s in seeds]
+            diffs = [h[0] - c[0] for h, c in zip(here, there)]
+            per_item = [h[1][i] - c[1][i] for h, c in zip(here, there) for i in sorted(set(h[1]) & set(c[1]))]
+            lines.append(f"| {m} | {mean_interval([h[0] for h in here])} | {mean_interval([c[0] for c in there])} | "
+                         f"{mean_interval(diffs)} | {mean_interval(per_item)} (n={len(per_item)}) | "
+                         + ", ".join(f"{d:+.3f}" for d in diffs) + " |")
+    return lines
+
+
 def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], root: str = "runs",
-           metrics: Sequence[str] | None = None) -> str:
+           metrics: Sequence[str] | None = None, control: str | None = None) -> str:
     """The markdown tables for one demo (what ``tools/seeds.sh`` prints)."""
     runs = load_runs(name, seeds, root)
     summaries = {s: json.load(open(os.path.join(f, "summary.json"))) for s, f in runs.items()}
@@ -204,6 +242,8 @@ def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], ro
                   "events, minus when it asked fewer, within clips of equal event count (stages where every "
                   "seed has both kinds).", "",
                   "| stage | G2P(E): enough − fewer | G2P(c^F): enough − fewer |", "|---|---|---|", *payoffs]
+    if control is not None:
+        lines += against_control(name, seeds, pairs, root, control, names)
     return "\n".join(lines)
 
 
@@ -224,9 +264,11 @@ def main(argv: Sequence[str] | None = None) -> str:
     parser.add_argument("--pairs", default="", help="BEFORE:AFTER stage pairs, comma-separated")
     parser.add_argument("--metrics", default="", help="comma-separated metrics (default: all)")
     parser.add_argument("--root", default="runs")
+    parser.add_argument("--control", default=None,
+                        help="root of the same seeds' control runs: each pair's change minus theirs")
     args = parser.parse_args(argv)
     text = report(args.name, args.seeds, parse_pairs(args.pairs), args.root,
-                  [m for m in args.metrics.split(",") if m] or None)
+                  [m for m in args.metrics.split(",") if m] or None, args.control)
     print(text)
     return text
 
