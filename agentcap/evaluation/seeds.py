@@ -150,32 +150,36 @@ def paired_items(before: dict[str, dict[str, float]], after: dict[str, dict[str,
     return [after[i][metric] - before[i][metric] for i in shared if metric in before[i] and metric in after[i]]
 
 
-def change(runs: dict[str, str], summaries: dict[str, dict], pair: tuple[str, str], metric: str, seed: str
+def stage_items(folder: str, pair: tuple[str, str]) -> list[dict[str, dict[str, float]]]:
+    """A run's held-out items (evaluation rows and benchmark questions) at both stages of ``pair``."""
+    return [{**read_eval_items(folder, st), **read_benchmark_items(folder, st)} for st in pair]
+
+
+def change(summary: dict, items: list[dict[str, dict[str, float]]], pair: tuple[str, str], metric: str
            ) -> tuple[float, dict[str, float]]:
-    """One seed's after − before of ``metric``: in its summary, and per held-out item."""
+    """One run's after − before of ``metric``: in its summary, and per held-out item."""
     before, after = pair
-    items = [{**read_eval_items(runs[seed], st), **read_benchmark_items(runs[seed], st)} for st in pair]
-    shared = sorted(set(items[0]) & set(items[1]))
-    per_item = {i: items[1][i][metric] - items[0][i][metric] for i in shared
+    per_item = {i: items[1][i][metric] - items[0][i][metric] for i in sorted(set(items[0]) & set(items[1]))
                 if metric in items[0][i] and metric in items[1][i]}
-    return summaries[seed][after].get(metric, float("nan")) - summaries[seed][before].get(metric, float("nan")), per_item
+    return summary[after].get(metric, float("nan")) - summary[before].get(metric, float("nan")), per_item
 
 
 def against_control(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], root: str, control: str,
                     names: Sequence[str]) -> list[str]:
     """Each pair's change minus the control runs' change, over seeds and over (seed, item) pairs."""
-    runs, others = load_runs(name, seeds, root), load_runs(name, seeds, control)
-    summaries = {s: json.load(open(os.path.join(f, "summary.json"))) for s, f in runs.items()}
-    controls = {s: json.load(open(os.path.join(f, "summary.json"))) for s, f in others.items()}
+    sides = []
+    for folder in (root, control):
+        runs = load_runs(name, seeds, folder)
+        sides.append({s: (json.load(open(os.path.join(f, "summary.json"))), f) for s, f in runs.items()})
     lines = []
     for pair in pairs:
         lines += ["", f"{pair[1]} − {pair[0]} minus the same in {control} (same seeds): over seeds, and over the "
                   "held-out items both evaluated, seed by seed.", "",
                   "| metric | Δ here | Δ control | here − control over seeds | over items | per seed |",
                   "|---|---|---|---|---|---|"]
+        items = [{s: stage_items(side[s][1], pair) for s in seeds} for side in sides]
         for m in names:
-            here = [change(runs, summaries, pair, m, s) for s in seeds]
-            there = [change(others, controls, pair, m, s) for s in seeds]
+            here, there = ([change(side[s][0], got[s], pair, m) for s in seeds] for side, got in zip(sides, items))
             diffs = [h[0] - c[0] for h, c in zip(here, there)]
             per_item = [h[1][i] - c[1][i] for h, c in zip(here, there) for i in sorted(set(h[1]) & set(c[1]))]
             lines.append(f"| {m} | {mean_interval([h[0] for h in here])} | {mean_interval([c[0] for c in there])} | "
