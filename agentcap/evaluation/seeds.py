@@ -144,10 +144,16 @@ def load_runs(name: str, seeds: Sequence[str], root: str = "runs") -> dict[str, 
     return runs
 
 
+def item_changes(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], metric: str
+                 ) -> dict[str, float]:
+    """after − before of ``metric`` by item id, on every item both stages evaluated."""
+    shared = sorted(set(before) & set(after))
+    return {i: after[i][metric] - before[i][metric] for i in shared if metric in before[i] and metric in after[i]}
+
+
 def paired_items(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], metric: str) -> list[float]:
     """after − before of ``metric`` on every item both stages evaluated."""
-    shared = sorted(set(before) & set(after))
-    return [after[i][metric] - before[i][metric] for i in shared if metric in before[i] and metric in after[i]]
+    return list(item_changes(before, after, metric).values())
 
 
 def stage_items(folder: str, pair: tuple[str, str]) -> list[dict[str, dict[str, float]]]:
@@ -159,9 +165,8 @@ def change(summary: dict, items: list[dict[str, dict[str, float]]], pair: tuple[
            ) -> tuple[float, dict[str, float]]:
     """One run's after − before of ``metric``: in its summary, and per held-out item."""
     before, after = pair
-    per_item = {i: items[1][i][metric] - items[0][i][metric] for i in sorted(set(items[0]) & set(items[1]))
-                if metric in items[0][i] and metric in items[1][i]}
-    return summary[after].get(metric, float("nan")) - summary[before].get(metric, float("nan")), per_item
+    return (summary[after].get(metric, float("nan")) - summary[before].get(metric, float("nan")),
+            item_changes(items[0], items[1], metric))
 
 
 def against_control(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], root: str, control: str,

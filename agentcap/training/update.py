@@ -151,7 +151,7 @@ def policy_loss(
     )
     loss = out["loss"]
     if agent.number_beta > 0 and ref is not None:  # the greedy numbers: no policy term, their own KL
-        numbers = mask * (1 - agent.trained_tokens(completion).to(mask.dtype))
+        numbers = mask - trained  # the response tokens the policy term left out
         on = token_weights(trained, normalizer=norm, mode=settings.loss_aggregation, dtype=logprobs.dtype,
                            on=numbers) * scale
         out["number_kl"] = (kl_k3(logprobs, ref.detach(), numbers.bool()) * on).sum()
