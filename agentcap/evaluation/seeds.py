@@ -208,16 +208,15 @@ def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], ro
     for stage in stages:
         cells = [str(mean_interval([summaries[s][stage].get(m, float("nan")) for s in seeds])) for m in names]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
-    items = {(s, st): {**read_eval_items(f, st), **read_benchmark_items(f, st)}
-             for s, f in runs.items() for pair in pairs for st in pair}
     for before, after in pairs:
+        items = {s: stage_items(f, (before, after)) for s, f in runs.items()}
         lines += ["", f"Paired {after} − {before}: over seeds (df = seeds − 1), and over held-out items pooled over seeds.", "",
                   "| metric | before | after | Δ over seeds | Δ over items | per seed |", "|---|---|---|---|---|---|"]
         for m in names:
             b = [summaries[s][before].get(m, float("nan")) for s in seeds]
             a = [summaries[s][after].get(m, float("nan")) for s in seeds]
             diffs = [y - x for x, y in zip(b, a)]
-            per_item = [d for s in seeds for d in paired_items(items[(s, before)], items[(s, after)], m)]
+            per_item = [d for s in seeds for d in paired_items(*items[s], m)]
             per_seed = ", ".join(f"{d:+.3f}" for d in diffs)
             lines.append(f"| {m} | {mean_interval(b)} | {mean_interval(a)} | {mean_interval(diffs)} | "
                          f"{mean_interval(per_item)} (n={len(per_item)}) | {per_seed} |")
