@@ -32,6 +32,7 @@ import yaml
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from agentcap.evaluation.items import eval_items_path, read_eval_items  # noqa: E402
+from agentcap.evaluation.seeds import read_summary  # noqa: E402
 
 AGENTCAP = os.path.join(os.path.dirname(sys.executable), "agentcap")
 # the kernels tools/real_seeds.sh pins, so the re-run warm-ups give the run's weights
@@ -81,10 +82,8 @@ def recheck(seed: str, args: argparse.Namespace, config: dict) -> str:
     # the end's "test" evaluation becomes this folder's last stage, beside the re-run start
     shutil.copy(eval_items_path(end, "test"), eval_items_path(dest, last))
     shutil.copytree(os.path.join(end, "benchmarks", "test"), os.path.join(dest, "benchmarks", last))
-    with open(os.path.join(dest, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(end, "summary.json")) as f:
-        summary[last] = json.load(f)["test"]
+    summary = read_summary(dest)
+    summary[last] = read_summary(end)["test"]
     with open(os.path.join(dest, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     ran, again = read_eval_items(source, first), read_eval_items(dest, first)

@@ -144,6 +144,12 @@ def load_runs(name: str, seeds: Sequence[str], root: str = "runs") -> dict[str, 
     return runs
 
 
+def read_summary(folder: str) -> dict:
+    """A finished run's summary.json: each evaluated stage's figures by metric."""
+    with open(os.path.join(folder, "summary.json")) as f:
+        return json.load(f)
+
+
 def item_changes(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], metric: str
                  ) -> dict[str, float]:
     """after − before of ``metric`` by item id, on every item both stages evaluated."""
@@ -175,7 +181,7 @@ def against_control(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, 
     sides = []
     for folder in (root, control):
         runs = load_runs(name, seeds, folder)
-        sides.append({s: (json.load(open(os.path.join(f, "summary.json"))), f) for s, f in runs.items()})
+        sides.append({s: (read_summary(f), f) for s, f in runs.items()})
     lines = []
     for pair in pairs:
         lines += ["", f"{pair[1]} − {pair[0]} minus the same in {control} (same seeds): over seeds, and over the "
@@ -197,7 +203,7 @@ def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], ro
            metrics: Sequence[str] | None = None, control: str | None = None) -> str:
     """The markdown tables for one demo (what ``tools/seeds.sh`` prints)."""
     runs = load_runs(name, seeds, root)
-    summaries = {s: json.load(open(os.path.join(f, "summary.json"))) for s, f in runs.items()}
+    summaries = {s: read_summary(f) for s, f in runs.items()}
     # the stages every seed evaluated (one run may also hold an `agentcap evaluate` entry)
     stages = [st for st in next(iter(summaries.values())) if all(st in r for r in summaries.values())]
     names = metrics or sorted({m for r in summaries.values() for st in r.values() for m in st})
