@@ -20,7 +20,6 @@ clips the run itself evaluated must equal the run's own (run it with the runs' O
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -32,6 +31,7 @@ import yaml
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from agentcap.evaluation.items import eval_items_path, read_eval_items  # noqa: E402
+from agentcap.evaluation.rollouts import write_summary  # noqa: E402
 from agentcap.evaluation.seeds import read_summary  # noqa: E402
 
 AGENTCAP = os.path.join(os.path.dirname(sys.executable), "agentcap")
@@ -82,10 +82,7 @@ def recheck(seed: str, args: argparse.Namespace, config: dict) -> str:
     # the end's "test" evaluation becomes this folder's last stage, beside the re-run start
     shutil.copy(eval_items_path(end, "test"), eval_items_path(dest, last))
     shutil.copytree(os.path.join(end, "benchmarks", "test"), os.path.join(dest, "benchmarks", last))
-    summary = read_summary(dest)
-    summary[last] = read_summary(end)["test"]
-    with open(os.path.join(dest, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    write_summary(dest, {last: read_summary(end)["test"]}, merge=True)
     ran, again = read_eval_items(source, first), read_eval_items(dest, first)
     same = sum(row["caption"] == again.get(i, {}).get("caption") for i, row in ran.items())
     return f"seed {seed}: {first} re-run gives the run's own captions on {same} of its {len(ran)} clips"
