@@ -184,6 +184,17 @@ def test_unbiased_std_matches_trl():
     assert torch.allclose(got, trl, rtol=0, atol=1e-15)
 
 
+def test_no_std_keeps_the_reward_scale_dr_grpo():
+    # Dr. GRPO / TRL's scale_rewards="none": u - mean per group, a small spread stays small
+    rewards = [0.50, 0.51, 0.49, 0.50, 0.0, 2.0, 1.0, 1.0]
+    got = normalize_by_type(rewards, ["completion"] * 8, [0] * 4 + [1] * 4, 1e-6, std="none")
+    assert got.tolist() == pytest.approx([0.0, 0.01, -0.01, 0.0, -1.0, 1.0, 0.0, 0.0], abs=1e-12)
+    scaled = normalize_by_type(rewards, ["completion"] * 8, [0] * 4 + [1] * 4, 1e-6)
+    assert float(scaled[1]) == pytest.approx(float(scaled[5]), rel=1e-3)  # the std makes both groups' best +1.41
+    with pytest.raises(ValueError, match="'population', 'unbiased' or 'none', got 'group'"):
+        normalize_by_type(rewards, ["completion"] * 8, [0] * 8, 1e-6, std="group")
+
+
 @pytest.mark.parametrize("mode", ["token", "sequence"])
 def test_float64_logprobs_give_a_float64_loss(mode):
     g = torch.Generator().manual_seed(0)

@@ -34,6 +34,7 @@ import torch
 
 from agentcap.agents.agent import Agent
 from agentcap.agents.generation import Generation
+from agentcap.algorithms.loop import AdvantageStd
 from agentcap.training.optim import build_optimizer
 from agentcap.training.update import UpdateSettings, set_advantages, update
 
@@ -127,7 +128,7 @@ class Row(Generation):
 
 def rows(observations: Sequence[dict[str, Any]], generations: Sequence[Generation],
          utilities: Sequence[float] | None = None, group_size: int = 1, eps_norm: float = 1e-6,
-         std: Literal["population", "unbiased"] = "population") -> list[Row]:
+         std: AdvantageStd = "population") -> list[Row]:
     """Rows for :meth:`UpdateHarness.update`: row i is generation i on observation i, in group
     i // ``group_size``; with ``utilities``, advantages as ``grpo_step`` computes them."""
     out = [Row(completion_ids=g.completion_ids, sampler_logprobs=g.sampler_logprobs, text=g.text,

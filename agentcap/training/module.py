@@ -49,6 +49,7 @@ from agentcap.agents.agent import Agent, AgentConfig, build_agents
 from agentcap.agents.reference import kl_reference
 from agentcap.agents.tokens import pad_right
 from agentcap.algorithms.grpo import token_weights
+from agentcap.algorithms.loop import AdvantageStd
 from agentcap.algorithms.offpolicy import effective_tis_cap
 from agentcap.core.bounds import check_batch
 from agentcap.core.schedule import Schedule, Stage
@@ -126,8 +127,9 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         kl_reference: a LoRA agent's π_ref: ``base`` (adapters off) or ``stage_start`` (its adapter as
             the GRPO stage began, as a full fine-tune's always is; ``agents.reference``).
         eps_norm: ε in the group normalisation of utilities (LOOP Eq. 17).
-        advantage_std: ``population`` (ours, documented in ``algorithms.loop``) or ``unbiased``
-            (TRL's; with ``eps_norm: 1e-4`` it matches TRL's advantages).
+        advantage_std: ``population`` (ours, documented in ``algorithms.loop``), ``unbiased``
+            (TRL's; with ``eps_norm: 1e-4`` it matches TRL's advantages) or ``none`` (no division:
+            Dr. GRPO, TRL's ``scale_rewards="none"``).
         loss_aggregation: ``token`` (mean over all tokens, LOOP Eq. 21) or ``sequence`` (mean of
             per-response means, AudioMap Eq. 1).
         sft_batch_size: training items per SFT step, over all ranks (each gives its demonstrations).
@@ -166,7 +168,7 @@ class GRPOModule(EvaluationHooks, CheckpointHooks, L.LightningModule):
         beta: float = 0.0,
         kl_reference: Literal["base", "stage_start"] = "base",
         eps_norm: float = 1e-6,
-        advantage_std: Literal["population", "unbiased"] = "population",
+        advantage_std: AdvantageStd = "population",
         loss_aggregation: Literal["token", "sequence"] = "token",
         sft_batch_size: int = 16,
         max_grad_norm: float = 1.0,

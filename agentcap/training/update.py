@@ -25,7 +25,7 @@ import torch
 from agentcap.agents.agent import Agent
 from agentcap.agents.tokens import pad_right
 from agentcap.algorithms.grpo import clipped_objective, kl_k3, token_weights
-from agentcap.algorithms.loop import normalize_by_type
+from agentcap.algorithms.loop import AdvantageStd, normalize_by_type
 from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weights
 from agentcap.parallel import distributed
 from agentcap.training.old_policy import fill_old_logprobs, old_or_current
@@ -50,7 +50,7 @@ class UpdateSettings:
     seed: int = 0
 
 
-def set_advantages(spans: Sequence[Any], eps_norm: float, std: Literal["population", "unbiased"]) -> None:
+def set_advantages(spans: Sequence[Any], eps_norm: float, std: AdvantageStd) -> None:
     """Each span's advantage: its utility normalised within its (group, kind), READ Eq. 1 / LOOP Eq. 17."""
     advantages = normalize_by_type(
         [s.utility for s in spans], [s.kind for s in spans], [s.group for s in spans], eps_norm, std=std,
