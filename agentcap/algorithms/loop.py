@@ -17,11 +17,12 @@ Departures from the paper, and why:
   with eps 1e-4, matches TRL's advantages). A set with one element, or whose utilities are all
   equal, gets exactly zero advantage (never NaN): the formula gives ~0 there too, but its std is
   ~1e-17 in float arithmetic, not 0, and float noise in u - mu divided by eps_norm could otherwise
-  turn into a spurious O(1e-10 / 1e-6) signal.
+  turn into a spurious O(1e-10 / 1e-6) signal. ``None`` utilities (actions not trained in this
+  phase) are left out of the statistics and get 0.
 - ``std="none"`` leaves the std out, A = u - mu (Dr. GRPO, Liu et al. 2025; TRL's
   ``scale_rewards="none"``): a group whose utilities differ by a hair then gets a hair of
-  advantage, instead of the same +-1 as a group that differs by the whole reward range. ``None`` utilities (actions not trained in this
-  phase) are left out of the statistics and get 0.
+  advantage, instead of the same +-1 as a group that differs by the whole reward range
+  (docs/real.md measures it on the pretrained audio LM).
 - The paper gives no value for eps_norm; it defaults to 1e-6, far below the G2P reward's
   resolution (1/L with L questions, steps of 0.5/L).
 """
@@ -52,10 +53,9 @@ def normalize_by_type(
     This is the group-relative advantage of plain GRPO (READ Eq. 1) when every action of a group
     has the same kind; LOOP-GRPO pools questions, stops and finals of the G rollouts of one audio
     into separate sets so their scales do not mix. sigma is the population std by default (the
-    paper does not say which; ``std="unbiased"`` matches TRL; ``"none"`` divides by nothing, Dr. GRPO).
-    Singleton or constant sets give 0;
-    None gives 0 and is not counted. To split by agent as well, fold it into ``kinds`` or
-    ``groups``. Returns float64 [N].
+    paper does not say which; ``std="unbiased"`` matches TRL; ``"none"`` divides by nothing, Dr.
+    GRPO). Singleton or constant sets give 0; None gives 0 and is not counted. To split by agent as
+    well, fold it into ``kinds`` or ``groups``. Returns float64 [N].
     """
     if std not in ("population", "unbiased", "none"):
         raise ValueError(f"std must be 'population', 'unbiased' or 'none', got {std!r}")
