@@ -17,11 +17,10 @@ import weight_drift  # noqa: E402
 LM = "model.language_model.layers.0.self_attn.q_proj"
 
 
-def make_run(tmp_path: Path, extra_base: dict | None = None) -> tuple[Path, dict[str, torch.Tensor]]:
+def make_run(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     base = {"language_model.model.layers.0.self_attn.q_proj.weight": torch.randn(4, 4),
             "multi_modal_projector.linear.weight": torch.randn(4, 3)}
-    base.update(extra_base or {})
     (tmp_path / "warm").mkdir()
     save_file(base, str(tmp_path / "warm" / "model.safetensors"))
     state = {f"agents.policy.model.{LM}.lora_A.policy.weight": torch.randn(2, 4),

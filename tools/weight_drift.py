@@ -61,7 +61,7 @@ def drift(run: str, role: str = "policy", base: str | None = None) -> dict[tuple
     ckpt = os.path.join(run, "checkpoints", "last.ckpt")
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     changed = deltas(state, role, peft["alpha"] / peft["r"])
-    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # Σ‖ΔW‖², Σ‖W0‖², tensors
     found: set[str] = set()
     for path in files:
         with safe_open(path, "pt") as handle:
@@ -83,7 +83,7 @@ def drift(run: str, role: str = "policy", base: str | None = None) -> dict[tuple
     missing = sorted(set(changed) - found)
     if missing:
         raise KeyError(f"{ckpt}: {missing[0]} (and {len(missing) - 1} more) not in the warm start {base}")
-    return {key: (math.sqrt(d / w) if w else math.inf, n) for key, (d, w, n) in sums.items()}
+    return {key: (math.sqrt(d / w) if w else math.inf, int(n)) for key, (d, w, n) in sums.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> str:
