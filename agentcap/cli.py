@@ -29,6 +29,7 @@ from agentcap.parallel import watchdog
 from agentcap.parallel.http_client import ServerUnavailable
 from agentcap.parallel.loading import load_by_shard
 from agentcap.parallel.signals import StopOnSignal, stop_on_signals
+from agentcap.resume import numerics
 from agentcap.resume.checkpoints import TickCheckpoint, latest_checkpoint, usable_checkpoint
 from agentcap.resume.configs import config_paths, read_config
 from agentcap.resume.disk import OutOfSpace, is_full, no_space
@@ -278,8 +279,9 @@ def child_run_names(logger: Any, subcommand: str | None) -> None:
 
 
 class RunConfig(SaveConfigCallback):
-    """``fit`` saves its config as ``<run_dir>/config.yaml`` (not in a logger folder shared by runs);
-    validate / test / predict leave it alone, so it stays the config the checkpoints were trained with."""
+    """``fit`` saves its config as ``<run_dir>/config.yaml`` (not in a logger folder shared by runs)
+    and appends its numerics (threads, pinned CPU kernels, versions) to ``numerics.json``; validate /
+    test / predict leave both alone, so they stay what the checkpoints were trained with."""
 
     def __init__(self, parser, config, **kwargs):
         super().__init__(parser, config, **{**kwargs, "save_to_log_dir": False})
@@ -289,6 +291,7 @@ class RunConfig(SaveConfigCallback):
             os.makedirs(pl_module.run_dir, exist_ok=True)
             self.parser.save(self.config, os.path.join(pl_module.run_dir, "config.yaml"), skip_unset=False,
                              overwrite=True)
+            numerics.record(pl_module.run_dir, report=lambda line: print(line, file=sys.stderr))
 
 
 def _has_model_checkpoint(callbacks: Any) -> bool:

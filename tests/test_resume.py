@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from agentcap.cli import main
+from agentcap.resume import numerics
 from agentcap.resume.checkpoints import TickCheckpoint, checkpoints, latest_checkpoint
 from agentcap.training.callbacks import SampleTable
 
@@ -44,6 +45,33 @@ def test_checkpoints_keep_the_newest_n_and_last_points_at_the_newest(run):
     assert last.read_bytes() == (run_dir / "checkpoints" / "tick-000003.ckpt").read_bytes()
     assert not list((run_dir / "checkpoints").glob("*.tmp"))
     assert (run_dir / "config.yaml").is_file()  # the run remembers the config it was started with
+    starts = json.loads((run_dir / "numerics.json").read_text())  # and the numerics it ran on
+    assert [start["torch_threads"] for start in starts] == [torch.get_num_threads()]
+
+
+def test_numerics_are_appended_at_every_start_and_a_change_is_named(tmp_path):
+    first = numerics.current()
+    assert first["cpu_capability"] and first["torch"] == torch.__version__ and set(first["env"]) == set(numerics.PINNED)
+    lines: list[str] = []
+    assert numerics.record(str(tmp_path), report=lines.append, numerics=first) == [] and lines == []
+    again = {**first, "started": "later", "host": "elsewhere"}  # when and where may differ freely
+    assert numerics.record(str(tmp_path), report=lines.append, numerics=again) == [] and lines == []
+    other = {**first, "torch_threads": first["torch_threads"] + 1, "env": {**first["env"], "MKL_CBWR": "AVX512"}}
+    changed = numerics.record(str(tmp_path), report=lines.append, numerics=other)
+    assert changed == [f"torch_threads: {first['torch_threads']} → {first['torch_threads'] + 1}",
+                       f"MKL_CBWR: {first['env']['MKL_CBWR']} → AVX512"]
+    assert len(lines) == 1 and str(tmp_path) in lines[0] and "torch_threads" in lines[0]
+    assert len(json.loads((tmp_path / numerics.NAME).read_text())) == 3
+
+
+@pytest.mark.parametrize("body", ["{not json", '{"torch_threads": 2}', "[1, 2]"])
+def test_an_unreadable_numerics_record_is_set_aside_not_lost(tmp_path, body):
+    (tmp_path / numerics.NAME).write_text(body)
+    lines: list[str] = []
+    assert numerics.record(str(tmp_path), report=lines.append) == []
+    assert (tmp_path / f"{numerics.NAME}.bad").read_text() == body
+    assert len(lines) == 1 and str(tmp_path / numerics.NAME) in lines[0] and "numerics.json.bad" in lines[0]
+    assert len(json.loads((tmp_path / numerics.NAME).read_text())) == 1
 
 
 @pytest.mark.slow  # Trainer fits

@@ -14,7 +14,7 @@ shift
 runs=${RUNS:-runs/real}
 jobs=${JOBS:-1}
 mkdir -p "$runs"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}  # the figures in docs/real.md: 2 threads, one run at a time
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}  # docs/real.md names each run's count: 1 and 2 threads give other bits
 export ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-avx2} MKL_CBWR=${MKL_CBWR:-AVX2} ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-AVX2}
 [ -f data/real_speech/benchmark.jsonl ] || .venv/bin/python tools/make_real_speech.py --out data/real_speech --seed 0
 warm=runs/real/audiomap-sft

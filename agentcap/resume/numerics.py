@@ -1,0 +1,98 @@
+"""What a run's floats depend on besides its config and seed, kept beside ``config.yaml``.
+
+The same seed and config give the same figures only on the same numerics: the torch thread count
+(on the real audio LM, 1 and 2 threads give different bits: ATen's reductions and MKL's kernels split
+their sums by thread), the CPU kernels that the environment pins (ATen's capability, MKL's CBWR
+branch, oneDNN's ISA), the CPU itself and the library versions. ``fit`` appends them to
+``<run_dir>/numerics.json`` at every start, and a resume on other numerics says which changed, so a
+figure that does not repeat can be traced to its cause instead of guessed at (docs/real.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from typing import Any, Callable
+
+NAME = "numerics.json"
+#: environment variables that choose CPU kernels or their thread count
+PINNED = ("OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+#: the fields two starts of one run are compared on (``started`` and ``host`` may differ freely)
+COMPARED = ("torch_threads", "cpu_capability", "env", "cpu", "torch", "transformers", "device")
+
+
+def current() -> dict[str, Any]:
+    """This process's numerics, as ``numerics.json`` records them."""
+    import time
+
+    import torch
+    import transformers
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": platform.node(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "env": {name: os.environ.get(name) for name in PINNED},
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": device,
+    }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``field: old → new`` for every compared field that changed (nested ``env`` by variable)."""
+    changed = []
+    for field in COMPARED:
+        old, new = before.get(field), now.get(field)
+        if field == "env" and isinstance(old, dict) and isinstance(new, dict):
+            changed += [f"{name}: {old.get(name)} → {new.get(name)}"
+                        for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+        elif old != new:
+            changed.append(f"{field}: {old} → {new}")
+    return changed
+
+
+def record(run_dir: str, report: Callable[[str], None] | None = None,
+           numerics: dict[str, Any] | None = None) -> list[str]:
+    """Append this start's numerics to ``<run_dir>/numerics.json``; report and return what changed
+    since the run's last start. An unreadable file is set aside as ``numerics.json.bad``, not lost."""
+    report = report or print
+    now = numerics if numerics is not None else current()
+    path = os.path.join(run_dir, NAME)
+    starts: list[dict[str, Any]] = []
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                starts = json.load(handle)
+            if not isinstance(starts, list) or not all(isinstance(s, dict) for s in starts):
+                raise ValueError(f"expected a list of objects, got {type(starts).__name__}")
+        except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
+            os.replace(path, path + ".bad")
+            report(f"agentcap: {path} is unreadable ({err}); kept as {NAME}.bad, a new record started")
+            starts = []
+    changed = differences(starts[-1], now) if starts else []
+    if changed:
+        report(f"agentcap: {run_dir} continues on other numerics than its last start ({'; '.join(changed)}): "
+               "its figures will not repeat an uninterrupted run's to the last digit")
+    os.makedirs(run_dir, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(starts + [now], handle, indent=1)
+        handle.write("\n")
+    os.replace(path + ".tmp", path)
+    return changed
