@@ -51,7 +51,8 @@ def test_checkpoints_keep_the_newest_n_and_last_points_at_the_newest(run):
 
 def test_numerics_are_appended_at_every_start_and_a_change_is_named(tmp_path):
     first = numerics.current()
-    assert first["cpu_capability"] and first["torch"] == torch.__version__ and set(first["env"]) == set(numerics.PINNED)
+    assert first["cpu_capability"] and first["cpu"] and first["torch"] == torch.__version__
+    assert set(first["env"]) == set(numerics.PINNED)
     lines: list[str] = []
     assert numerics.record(str(tmp_path), report=lines.append, numerics=first) == [] and lines == []
     again = {**first, "started": "later", "host": "elsewhere"}  # when and where may differ freely

@@ -43,16 +43,29 @@ def current() -> dict[str, Any]:
     }
 
 
+#: CPU features that choose among MKL's, oneDNN's and ATen's kernels (the flags of ``/proc/cpuinfo``)
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile")
+
+
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` where there is none)."""
+    """The CPU as kernels see it: model name, vendor and the kernel-choosing flags it has
+    (``Intel(R) Xeon(R) Processor [GenuineIntel; avx2 fma avx512f …]``); ``platform`` where there is
+    no ``/proc/cpuinfo``. Two machines of one kind may differ here (an AMD EPYC and an Intel Xeon)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if not line.strip():
+                    break  # the first processor's block is enough
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    present = " ".join(flag for flag in KERNEL_FLAGS if flag in flags)
+    return f"{fields['model name']} [{fields.get('vendor_id', '?')}; {present}]"
 
 
 def differences(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
