@@ -16,6 +16,7 @@ import pytest
 
 from agentcap.evaluation import seeds as stats
 from agentcap.evaluation.items import read_benchmark_items, read_eval_items, write_eval_items
+from agentcap.resume import numerics
 
 
 @pytest.mark.parametrize(
@@ -78,6 +79,23 @@ def test_report_pairs_items_and_correlates_questions(tmp_path) -> None:
     summary = tmp_path / "toy-demo-s6" / "summary.json"
     summary.write_text(json.dumps({**json.loads(summary.read_text()), "evaluate": {"reward": 1.0}}))
     assert "| evaluate |" not in stats.report("toy", ["5", "6", "7"], [("S1", "S4")], root=str(tmp_path))
+
+
+def test_report_names_the_numerics_the_seeds_ran_on(tmp_path) -> None:
+    for seed in (5, 6):
+        _fake_run(tmp_path, seed, 0.1)
+    text = stats.report("toy", ["5", "6"], [("S1", "S4")], root=str(tmp_path), metrics=["reward"])
+    assert "Numerics (run_dir/numerics.json, every seed): not recorded." in text
+    start = numerics.current()
+    numerics.record(str(tmp_path / "toy-demo-s5"), numerics=start)
+    numerics.record(str(tmp_path / "toy-demo-s6"), numerics={**start, "started": "later"})
+    numerics.record(str(tmp_path / "toy-demo-s6"), numerics={**start, "torch_threads": 9}, report=lambda _: None)
+    text = stats.report("toy", ["5", "6"], [("S1", "S4")], root=str(tmp_path), metrics=["reward"])
+    assert f"every seed): {numerics.describe(start)}." in text  # a run's first start counts, not a resume
+    numerics.record(str(tmp_path / "toy-demo-s7"), numerics={**start, "torch_threads": 9})
+    _fake_run(tmp_path, 7, 0.1)
+    text = stats.report("toy", ["5", "6", "7"], [("S1", "S4")], root=str(tmp_path), metrics=["reward"])
+    assert "Numerics differ between seeds: seed 5: " in text and "seed 7: 9 torch threads, " in text
 
 
 def _fake_benchmark(folder, stage: str, correct: list[bool]) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import scipy.stats
 
 from agentcap.evaluation.items import read_benchmark_items, read_eval_items
+from agentcap.resume import numerics
 
 # Seeds the demo recipes were tuned on in earlier stops (issues 3, 4, 6); figures that claim a gain
 # come from other seeds.
@@ -214,6 +215,7 @@ def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], ro
     for stage in stages:
         cells = [str(mean_interval([summaries[s][stage].get(m, float("nan")) for s in seeds])) for m in names]
         lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    lines += ["", numerics_line(runs)]
     for before, after in pairs:
         items = {s: stage_items(f, (before, after)) for s, f in runs.items()}
         lines += ["", f"Paired {after} − {before}: over seeds (df = seeds − 1), and over held-out items pooled over seeds.", "",
@@ -259,6 +261,18 @@ def report(name: str, seeds: Sequence[str], pairs: Sequence[tuple[str, str]], ro
     if control is not None:
         lines += against_control(name, seeds, pairs, root, control, names)
     return "\n".join(lines)
+
+
+def numerics_line(runs: dict[str, str]) -> str:
+    """What the seeds ran on (``numerics.json``): one line when they agree, else each seed's; the
+    same seed repeats its figures only on the same numerics."""
+    described = {}
+    for seed, folder in runs.items():
+        start = numerics.first_start(folder)
+        described[seed] = numerics.describe(start) if start is not None else "not recorded"
+    if len(set(described.values())) == 1:
+        return f"Numerics (run_dir/numerics.json, every seed): {next(iter(described.values()))}."
+    return "Numerics differ between seeds: " + "; ".join(f"seed {s}: {d}" for s, d in described.items()) + "."
 
 
 def parse_pairs(text: str) -> list[tuple[str, str]]:

@@ -109,3 +109,24 @@ def record(run_dir: str, report: Callable[[str], None] | None = None,
         handle.write("\n")
     os.replace(path + ".tmp", path)
     return changed
+
+
+def first_start(run_dir: str) -> dict[str, Any] | None:
+    """The numerics a run started on; None for a run from before ``numerics.json`` or an unreadable record."""
+    try:
+        with open(os.path.join(run_dir, NAME), encoding="utf-8") as handle:
+            starts = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return starts[0] if isinstance(starts, list) and starts and isinstance(starts[0], dict) else None
+
+
+def describe(start: dict[str, Any]) -> str:
+    """One line of the compared fields: ``1 torch thread, <cpu>, MKL_CBWR=AVX2 …, torch …``."""
+    threads = start.get("torch_threads")
+    env = start.get("env") or {}
+    pins = " ".join(f"{name}={env[name]}" for name in PINNED if env.get(name) is not None)
+    parts = [f"{threads} torch thread{'' if threads == 1 else 's'}", str(start.get("cpu")),
+             f"ATen {start.get('cpu_capability')}", pins or "no pinning variables",
+             f"torch {start.get('torch')}", f"transformers {start.get('transformers')}", str(start.get("device"))]
+    return ", ".join(parts)
