@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from typing import Any, Callable
 
 NAME = "numerics.json"
@@ -20,12 +21,12 @@ NAME = "numerics.json"
 PINNED = ("OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 #: the fields two starts of one run are compared on (``started`` and ``host`` may differ freely)
 COMPARED = ("torch_threads", "cpu_capability", "env", "cpu", "torch", "transformers", "device")
+#: CPU features that choose among MKL's, oneDNN's and ATen's kernels (the flags of ``/proc/cpuinfo``)
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile")
 
 
 def current() -> dict[str, Any]:
-    """This process's numerics, as ``numerics.json`` records them."""
-    import time
-
+    """This process's numerics, as ``numerics.json`` records them (torch imported here: ``plan`` stays light)."""
     import torch
     import transformers
 
@@ -41,10 +42,6 @@ def current() -> dict[str, Any]:
         "transformers": transformers.__version__,
         "device": device,
     }
-
-
-#: CPU features that choose among MKL's, oneDNN's and ATen's kernels (the flags of ``/proc/cpuinfo``)
-KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile")
 
 
 def cpu_model() -> str:
