@@ -88,11 +88,8 @@ def record(run_dir: str, report: Callable[[str], None] | None = None,
     starts: list[dict[str, Any]] = []
     if os.path.exists(path):
         try:
-            with open(path, encoding="utf-8") as handle:
-                starts = json.load(handle)
-            if not isinstance(starts, list) or not all(isinstance(s, dict) for s in starts):
-                raise ValueError(f"expected a list of objects, got {type(starts).__name__}")
-        except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
+            starts = _read(path)
+        except (OSError, ValueError) as err:
             os.replace(path, path + ".bad")
             report(f"agentcap: {path} is unreadable ({err}); kept as {NAME}.bad, a new record started")
             starts = []
@@ -108,14 +105,22 @@ def record(run_dir: str, report: Callable[[str], None] | None = None,
     return changed
 
 
+def _read(path: str) -> list[dict[str, Any]]:
+    """The starts a ``numerics.json`` holds; ValueError (JSONDecodeError among them) when it is not a list of objects."""
+    with open(path, encoding="utf-8") as handle:
+        starts = json.load(handle)
+    if not isinstance(starts, list) or not all(isinstance(s, dict) for s in starts):
+        raise ValueError(f"expected a list of objects, got {type(starts).__name__}")
+    return starts
+
+
 def first_start(run_dir: str) -> dict[str, Any] | None:
     """The numerics a run started on; None for a run from before ``numerics.json`` or an unreadable record."""
     try:
-        with open(os.path.join(run_dir, NAME), encoding="utf-8") as handle:
-            starts = json.load(handle)
+        starts = _read(os.path.join(run_dir, NAME))
     except (OSError, ValueError):
         return None
-    return starts[0] if isinstance(starts, list) and starts and isinstance(starts[0], dict) else None
+    return starts[0] if starts else None
 
 
 def describe(start: dict[str, Any]) -> str:
