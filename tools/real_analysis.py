@@ -3,8 +3,11 @@
 The benchmark and the rewards read captions through examiners; this reads them against the world's
 own event lists (``data/real_speech/test.jsonl``), so a gain can be told apart from enumeration:
 events named per clip against the clip's events, precision and recall of the named sound effects,
-spoken sentences quoted against those said, repeated sentences, and length against the reference.
-Means over runs with 95 % t intervals, and the paired after − before differences.
+spoken sentences quoted against those said, quotes that are another training recording's transcript
+word for word (what a model that looks sentences up, not transcribes, writes), repeated sentences,
+length against the reference, and ESR split by what its cloze question asks (an effect's name, an
+onset, a quoted word, an order), so a change in ESR can be traced to the part of the caption that
+moved. Means over runs with 95 % t intervals, and the paired after − before differences.
 
     python tools/real_analysis.py runs/real/audiomap-demo-s4 runs/real/audiomap-demo-s5 \\
         --stages before_grpo,after_grpo
@@ -22,18 +25,25 @@ from collections.abc import Sequence
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from agentcap.evaluation.seeds import mean_interval, paired_cell  # noqa: E402
-from agentcap.judges.questions import sentences  # noqa: E402
+from agentcap.judges.questions import question_bank, sentences  # noqa: E402
+from agentcap.judges.rule import RuleExaminer  # noqa: E402
+from agentcap.rewards.functional.cloze import answer_scores  # noqa: E402
 from agentcap_envs.real.speech import EFFECTS  # noqa: E402
 
 _QUOTE = re.compile(r'"([^"]+)"')
+#: The cloze attributes of the real-speech world's banks (agentcap_envs.real.speech), in table order.
+ATTRIBUTES = ("name", "onset", "word", "order")
 
 
 def _named_effects(text: str) -> set[str]:
     return {e.name for e in EFFECTS if re.search(rf"\b{re.escape(e.name)}\b", text, re.IGNORECASE)}
 
 
-def caption_figures(caption: str, item: dict) -> dict[str, float]:
-    """One caption's figures against its clip's event list."""
+def caption_figures(caption: str, item: dict, training_quotes: frozenset[str] = frozenset(),
+                    examiner: RuleExaminer | None = None) -> dict[str, float]:
+    """One caption's figures against its clip's event list; ``training_quotes`` are the training
+    recordings' transcripts (lower case), and ``examiner`` (the rule examiner by default) answers the
+    clip's cloze bank for the ESR parts (NaN where the bank asks nothing of that kind)."""
     events = item["events"]
     gold_effects = {e["label"] for e in events if e["type"] == "effect"}
     gold_effects = {x.name for x in EFFECTS if x.key in gold_effects or x.name in gold_effects}
@@ -52,16 +62,32 @@ def caption_figures(caption: str, item: dict) -> dict[str, float]:
         "effect recall": len(named & gold_effects) / len(gold_effects) if gold_effects else float("nan"),
         "quotes - speech events": len(quotes) - len(gold_quotes),
         "exact quotes": sum(q in gold_quotes for q in quotes) / len(quotes) if quotes else float("nan"),
+        "another recording's transcript": (sum(q not in gold_quotes and q in training_quotes for q in quotes)
+                                           / len(quotes) if quotes else float("nan")),
         "truncated (no final period)": float(not caption.rstrip().endswith((".", '."'))),
+        **esr_parts(caption, item, examiner or RuleExaminer()),
     }
 
 
-def stage_figures(run: str, stage: str, items: dict[str, dict]) -> dict[str, float]:
+def esr_parts(caption: str, item: dict, examiner: RuleExaminer) -> dict[str, float]:
+    """Eq. 3's mean score over the clip's cloze questions of each attribute (its ESR, split)."""
+    bank = question_bank(item)
+    scores = answer_scores(examiner.answer([caption] * len(bank), bank), [q.answer for q in bank])
+    parts = {}
+    for attribute in ATTRIBUTES:
+        mine = [float(s) for q, s in zip(bank, scores) if (q.meta or {}).get("attribute") == attribute]
+        parts[f"ESR {attribute}"] = sum(mine) / len(mine) if mine else float("nan")
+    return parts
+
+
+def stage_figures(run: str, stage: str, items: dict[str, dict],
+                  training_quotes: frozenset[str] = frozenset()) -> dict[str, float]:
     """Each figure's mean over the stage's captions (NaNs, e.g. no effect named, left out)."""
     path = os.path.join(run, "eval", f"{stage}.jsonl")
     with open(path, encoding="utf-8") as handle:
         rows = [json.loads(line) for line in handle]
-    per = [caption_figures(r["caption"], items[r["id"]]) for r in rows]
+    examiner = RuleExaminer()
+    per = [caption_figures(r["caption"], items[r["id"]], training_quotes, examiner) for r in rows]
     return {k: mean_interval([p[k] for p in per]).mean for k in per[0]}
 
 
@@ -69,14 +95,19 @@ def main(argv: Sequence[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="+")
     p.add_argument("--stages", default="before_grpo,after_grpo")
-    p.add_argument("--manifest", default="data/real_speech/test.jsonl")
+    p.add_argument("--manifest", default="data/real_speech/test.jsonl", help="the evaluated clips")
+    p.add_argument("--training", default="data/real_speech/train.jsonl",
+                   help="the training clips, whose transcripts a looked-up quote repeats")
     args = p.parse_args(argv)
     with open(args.manifest, encoding="utf-8") as handle:
         items = {row["id"]: row for row in map(json.loads, handle)}
+    with open(args.training, encoding="utf-8") as handle:
+        training_quotes = frozenset(e["transcript"].lower() for row in map(json.loads, handle)
+                                    for e in row["events"] if e["type"] == "speech")
     stages = args.stages.split(",")
-    figures = {s: [stage_figures(run, s, items) for run in args.runs] for s in stages}
+    figures = {s: [stage_figures(run, s, items, training_quotes) for run in args.runs] for s in stages}
     keys = list(figures[stages[0]][0])
-    lines = ["| figure | " + " | ".join(stages) + " | " + " | ".join(f"{b} → {a}" for a, b in zip(stages, stages[1:]))
+    lines = ["| figure | " + " | ".join(stages) + " | " + " | ".join(f"{a} → {b}" for a, b in zip(stages, stages[1:]))
              + " |", "|---" * (2 * len(stages)) + "|"]
     for k in keys:
         cells = [str(mean_interval([f[k] for f in figures[s]])) for s in stages]

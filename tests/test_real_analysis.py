@@ -1,0 +1,68 @@
+"""tools/real_analysis.py: a caption read against its clip's event list and, split by attribute, its cloze bank."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import real_analysis  # noqa: E402
+
+REFERENCE = ('From 0.3 s to 1.5 s, an error tone sounds. From 2.0 s to 2.9 s, a woman says "I\'m sorry". '
+             'From 3.3 s to 4.9 s, a woman says "The number I have is".')
+ITEM = {
+    "id": "train-0002",
+    "caption": REFERENCE,
+    "events": [
+        {"type": "effect", "label": "error tone", "onset": 0.3, "offset": 1.5, "transcript": None},
+        {"type": "speech", "label": "speech", "onset": 2.0, "offset": 2.9, "transcript": "I'm sorry"},
+        {"type": "speech", "label": "speech", "onset": 3.3, "offset": 4.9, "transcript": "The number I have is"},
+    ],
+    "cloze": [
+        {"passage": "From 0.3 s to 1.5 s, a ___ sounds.", "options": ["error tone", "alarm clock", "bell", "paper", "Not given"],
+         "answer": "A", "meta": {"event": 0, "subject": "error tone", "attribute": "name"}},
+        {"passage": "From ___ to 1.5 s, an error tone sounds.", "options": ["2.7 s", "0.3 s", "2.5 s", "5.9 s", "Not given"],
+         "answer": "B", "meta": {"event": 0, "subject": "error tone", "attribute": "onset"}},
+        {"passage": 'From 2.0 s to 2.9 s, a woman says "I\'m ___".', "options": ["matches", "sorry", "volume", "failed", "Not given"],
+         "answer": "B", "meta": {"event": 1, "subject": "woman", "attribute": "word"}},
+        {"passage": 'From 3.3 s to 4.9 s, a woman says "The ___ I have is".',
+         "options": ["number", "again", "exit", "truncating", "Not given"],
+         "answer": "A", "meta": {"event": 2, "subject": "woman", "attribute": "word"}},
+    ],
+}
+TRAINING = frozenset({"my favorite item is currently the only one in the list", "i'm sorry"})
+
+
+def test_a_looked_up_quote_and_moved_onsets_show_in_their_own_figures():
+    item = json.loads(json.dumps(ITEM))  # question_bank keeps the parsed bank on the item it is given
+    gold = real_analysis.caption_figures(REFERENCE, item, TRAINING)
+    assert gold["exact quotes"] == 1.0 and gold["another recording's transcript"] == 0.0
+    assert gold["ESR name"] == gold["ESR onset"] == gold["ESR word"] == 1.0
+    assert math.isnan(gold["ESR order"])  # this bank asks no order question
+    moved = ('From 0.2 s to 1.4 s, an error tone sounds. From 1.6 s to 3.0 s, a woman says "I\'m sorry". '
+             'From 3.4 s to 5.4 s, a woman says "My favorite item is currently the only one in the list".')
+    figures = real_analysis.caption_figures(moved, item, TRAINING)
+    assert figures["exact quotes"] == 0.5 and figures["another recording's transcript"] == 0.5
+    assert figures["ESR name"] == 1.0  # the effect is still named
+    assert figures["ESR onset"] < 1.0  # 0.2 s is none of the options: the onset question is lost
+    assert figures["ESR word"] == 0.25  # "sorry" kept (+1), "number" no longer said: Not given (-0.5)
+    assert figures["effect recall"] == 1.0
+
+
+def test_the_table_pairs_stages_in_their_order(tmp_path):
+    manifest = tmp_path / "clips.jsonl"
+    manifest.write_text(json.dumps(ITEM) + "\n")
+    training = tmp_path / "train.jsonl"
+    training.write_text(json.dumps(ITEM) + "\n")
+    for run, caption in (("a", REFERENCE), ("b", REFERENCE)):
+        (tmp_path / run / "eval").mkdir(parents=True)
+        for stage, text in (("before", caption), ("after", caption.replace("0.3 s to", "0.2 s to"))):
+            (tmp_path / run / "eval" / f"{stage}.jsonl").write_text(json.dumps({"id": "train-0002", "caption": text}) + "\n")
+    text = real_analysis.main([str(tmp_path / "a"), str(tmp_path / "b"), "--stages", "before,after",
+                               "--manifest", str(manifest), "--training", str(training)])
+    assert "| figure | before | after | before → after |" in text
+    onset = next(line for line in text.splitlines() if line.startswith("| ESR onset |"))
+    assert "1.000" in onset and "(-1.50, -1.50)" in onset  # 0.3 s → 0.2 s: +1 becomes -0.5 on both runs
