@@ -76,7 +76,7 @@ def esr_parts(caption: str, item: dict, examiner: RuleExaminer) -> dict[str, flo
     parts = {}
     for attribute in ATTRIBUTES:
         mine = [float(s) for q, s in zip(bank, scores) if (q.meta or {}).get("attribute") == attribute]
-        parts[f"ESR {attribute}"] = sum(mine) / len(mine) if mine else float("nan")
+        parts[f"ESR {attribute}"] = mean_interval(mine).mean  # NaN (invalid reply, or none asked) left out, as ESR does
     return parts
 
 
