@@ -178,7 +178,24 @@ def test_rule_judge_names_choices_by_their_quote_or_without_article_and_reads_la
             Ask(caption, 'Which word comes after "last"?', ("bell", "Thank you")),  # "last" inside a quote: not an order question
             Ask(caption, "Which comes later?", ("the horn", "the dog"))]  # neither named: no answer
     assert judge.choose(asks) == ["A", "B", "C", "B", "A", None]
-    assert judge.identity == "rule-v2"  # v1's cached answers are not reused
+    assert judge.identity == "rule-v3"  # older versions' cached answers are not reused
+
+
+def test_rule_judge_reads_the_nearest_time_and_counts_sound_sentences():
+    """v3: "at about what time" takes the choice nearest the subject's sentence's time (v2 needed the
+    digits to match), and "how many" counts the distinct sound sentences (v2 left it unanswered)."""
+    caption = ('From 0.3 s to 1.4 s, a bell dings. From 1.7 s to 3.7 s, a woman says "Information about '
+               'your call". From 4.0 s to 4.6 s, a bell dings. From 5.1 s to 5.4 s, a chime rings.')
+    judge = RuleJudge()
+    asks = [Ask(caption, "At about what time does the chime start?", ("4.4 s", "5.0 s", "2.9 s")),
+            Ask(caption, "At about what time does the bell start?", ("1.0 s", "0.2 s")),  # "about" in a quote is not the subject
+            Ask(caption, "When does the chime end?", ("5.0 s", "5.5 s")),
+            Ask(caption, 'At about what time does the speaker start saying "Your call"?', ("1.5 s", "3.5 s")),
+            Ask(caption, "At about what time does the horn start?", ("1.0 s", "2.0 s")),  # not named: no answer
+            Ask(caption, "Apart from the voice, how many sound effects can be heard?", ("none", "two", "one")),
+            Ask(caption, "How many sounds can be heard?", ("2", "3", "4")),
+            Ask(caption, "Apart from the voice, how many sound effects can be heard?", ("none", "one"))]  # two: not a choice
+    assert judge.choose(asks) == ["B", "B", "B", "A", None, "B", "B", None]
 
 
 def test_local_judge_reads_only_the_asks_letters():

@@ -66,3 +66,23 @@ def test_the_table_pairs_stages_in_their_order(tmp_path):
     assert "| figure | before | after | before → after |" in text
     onset = next(line for line in text.splitlines() if line.startswith("| ESR onset |"))
     assert "1.000" in onset and "(-1.50, -1.50)" in onset  # 0.3 s → 0.2 s: +1 becomes -0.5 on both runs
+
+
+def test_stored_benchmark_captions_are_judged_again_by_the_current_rule_judge(tmp_path):
+    """A stage judged by an older judge version keeps its figure, and gains the current version's."""
+    stage = tmp_path / "run" / "benchmarks" / "after"
+    stage.mkdir(parents=True)
+    caption = "From 0.3 s to 1.5 s, an error tone sounds. From 2.0 s to 2.2 s, a bell dings."
+    rows = [{"question": "At about what time does the bell start?", "choices": ["2.1 s", "4.0 s"], "answer": "A",
+             "category": "temporal order", "subcategory": "onset", "caption": caption, "correct": False},
+            {"question": "Apart from the voice, how many sound effects can be heard?", "choices": ["one", "two"],
+             "answer": "B", "category": "sound events", "subcategory": "effect count", "caption": caption, "correct": False},
+            {"question": "Which of these sounds can be heard?", "choices": ["bell", "chime"], "answer": "A",
+             "category": "sound events", "subcategory": "effect", "caption": None, "correct": False}]  # no caption: stays wrong
+    stage.joinpath("benchmark_items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figures = real_analysis.benchmark_figures(str(tmp_path / "run"), "after")
+    assert figures["benchmark (as run)"] == 0.0
+    assert figures["benchmark (rule-v3)"] == 2 / 3
+    assert figures["benchmark (rule-v3) onset"] == figures["benchmark (rule-v3) effect count"] == 1.0
+    assert figures["benchmark (rule-v3) sound events"] == 0.5
+    assert math.isnan(real_analysis.benchmark_figures(str(tmp_path / "run"), "before")["benchmark (rule-v3)"])

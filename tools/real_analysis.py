@@ -7,7 +7,10 @@ spoken sentences quoted against those said, quotes that are another training rec
 word for word (what a model that looks sentences up, not transcribes, writes), repeated sentences,
 length against the reference, and ESR split by what its cloze question asks (an effect's name, an
 onset, a quoted word, an order), so a change in ESR can be traced to the part of the caption that
-moved. Means over runs with 95 % t intervals, and the paired after − before differences.
+moved. Where a stage has a benchmark evaluation, its stored captions are also judged again by the
+current rule judge (``RuleJudge``; its version names the rows), so runs judged by an older version
+can be compared under the new one without captioning anything again. Means over runs with 95 % t
+intervals, and the paired after − before differences.
 
     python tools/real_analysis.py runs/real/audiomap-demo-s4 runs/real/audiomap-demo-s5 \\
         --stages before_grpo,after_grpo
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from agentcap.evaluation.benchmark import Ask, RuleJudge  # noqa: E402
 from agentcap.evaluation.seeds import mean_interval, paired_cell  # noqa: E402
 from agentcap.judges.questions import question_bank, sentences  # noqa: E402
 from agentcap.judges.rule import RuleExaminer  # noqa: E402
@@ -33,6 +37,9 @@ from agentcap_envs.real.speech import EFFECTS  # noqa: E402
 _QUOTE = re.compile(r'"([^"]+)"')
 #: The cloze attributes of the real-speech world's banks (agentcap_envs.real.speech), in table order.
 ATTRIBUTES = ("name", "onset", "word", "order")
+#: The real-speech benchmark's categories, and the subcategories rule judge v3 reads differently from v2.
+CATEGORIES = ("sound events", "speech content", "temporal order")
+SUBCATEGORIES = ("onset", "effect count")
 
 
 def _named_effects(text: str) -> set[str]:
@@ -80,15 +87,40 @@ def esr_parts(caption: str, item: dict, examiner: RuleExaminer) -> dict[str, flo
     return parts
 
 
+def benchmark_figures(run: str, stage: str, judge: RuleJudge | None = None) -> dict[str, float]:
+    """The stage's benchmark accuracy as it was judged in the run, and judged again by ``judge`` (the
+    current rule judge) overall, per category and for :data:`SUBCATEGORIES`; all NaN when the stage
+    has no benchmark evaluation. A clip that failed to caption stays wrong, as in the run."""
+    judge = judge or RuleJudge()
+    rejudged = f"benchmark ({judge.identity})"
+    keys = ["benchmark (as run)", rejudged, *(f"{rejudged} {g}" for g in CATEGORIES + SUBCATEGORIES)]
+    path = os.path.join(run, "benchmarks", stage, "benchmark_items.jsonl")
+    if not os.path.exists(path):
+        return dict.fromkeys(keys, float("nan"))
+    with open(path, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle]
+    asked = [r for r in rows if r.get("caption") is not None]
+    letters = dict(zip(map(id, asked), judge.choose([Ask(r["caption"], r["question"], tuple(r["choices"])) for r in asked])))
+    right = [float(letters.get(id(r)) == r["answer"]) for r in rows]
+
+    def accuracy(group: str | None) -> float:
+        mine = [ok for r, ok in zip(rows, right) if group is None or group in (r.get("category"), r.get("subcategory"))]
+        return sum(mine) / len(mine) if mine else float("nan")
+
+    return {keys[0]: sum(bool(r["correct"]) for r in rows) / len(rows), rejudged: accuracy(None),
+            **{f"{rejudged} {g}": accuracy(g) for g in CATEGORIES + SUBCATEGORIES}}
+
+
 def stage_figures(run: str, stage: str, items: dict[str, dict],
                   training_quotes: frozenset[str] = frozenset()) -> dict[str, float]:
-    """Each figure's mean over the stage's captions (NaNs, e.g. no effect named, left out)."""
+    """Each figure's mean over the stage's captions (NaNs, e.g. no effect named, left out), then the
+    stage's benchmark figures (:func:`benchmark_figures`)."""
     path = os.path.join(run, "eval", f"{stage}.jsonl")
     with open(path, encoding="utf-8") as handle:
         rows = [json.loads(line) for line in handle]
     examiner = RuleExaminer()
     per = [caption_figures(r["caption"], items[r["id"]], training_quotes, examiner) for r in rows]
-    return {k: mean_interval([p[k] for p in per]).mean for k in per[0]}
+    return {**{k: mean_interval([p[k] for p in per]).mean for k in per[0]}, **benchmark_figures(run, stage)}
 
 
 def main(argv: Sequence[str] | None = None) -> str:

@@ -111,6 +111,51 @@ def _named_last(ask: Ask, parts: Sequence[str]) -> str | None:
     return LETTERS[max(first, key=first.get)] if first else None
 
 
+#: A time as captions and choices write it ("2.5 s", "3 seconds").
+_TIME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*(?:s|secs?|seconds?)\b", re.IGNORECASE)
+#: Question words asking when something ends rather than starts.
+_END = frozenset({"end", "ends", "stop", "stops", "finish", "finishes"})
+#: The frame of a time question ("At about what time does X start?"): not words about its subject.
+_WHEN = _END | {"about", "time", "start", "starts", "begin", "begins"}
+_COUNTS = {"none": 0, "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+           "eight": 8, "nine": 9, "ten": 10}
+#: "Apart from the voice, how many ...": speech sentences are not counted.
+_APART = re.compile(r"\b(?:apart from|besides|other than|except(?: for)?)\s+(?:the\s+)?(?:voices?|speech|speakers?)\b",
+                    re.IGNORECASE)
+_SPEECH = re.compile(r'"|\b(?:says?|said|speaks?|spoke|saying|speaking)\b', re.IGNORECASE)
+#: The words of a sentence that are neither a time nor a timestamp's frame: what it says happens.
+_FRAME = frozenset({"from", "to", "s", "at", "until", "between", "and"})
+
+
+def _count(choice: str) -> int | None:
+    text = choice.strip().lower()
+    return int(text) if text.isdigit() else _COUNTS.get(text)
+
+
+def _counted(ask: Ask, parts: Sequence[str]) -> str | None:
+    """"How many": the caption's distinct sound sentences (its speech left out when the question says
+    "apart from the voice"), as the choice naming that number; a number no choice names: no answer."""
+    skip_speech = bool(_APART.search(ask.question))
+    said = {frozenset(set(_WORD.findall(_TIME.sub(" ", p.lower()))) - _FRAME)
+            for p in parts if not (skip_speech and _SPEECH.search(p))}
+    said.discard(frozenset())
+    counts = [_count(choice) for choice in ask.choices]
+    return LETTERS[counts.index(len(said))] if len(said) in counts else None
+
+
+def _nearest_time(ask: Ask, parts: Sequence[str], ranked: Sequence[tuple[int, int]]) -> str | None:
+    """"At about what time does X start / end": in the first sentence about X (sharing the question's
+    words) that gives times, its first (start) or last (end) time; the choice nearest to it."""
+    asked = set(_WORD.findall(ask.question.lower()))
+    for overlap, i in ranked:
+        times = [float(t) for t in _TIME.findall(parts[i])]
+        if overlap and times:
+            said = times[-1] if asked & _END else times[0]
+            gaps = [abs(float(_TIME.fullmatch(c.strip()).group(1)) - said) for c in ask.choices]
+            return LETTERS[min(range(len(gaps)), key=lambda k: (gaps[k], k))]
+    return None
+
+
 def _names(choice: str) -> list[str]:
     """The ways a caption may name a choice: its words, without a leading article, its quote."""
     found = [choice, _ARTICLE.sub("", choice), *_QUOTE.findall(choice)]
@@ -127,15 +172,19 @@ class RuleJudge:
     article ("the bell" by "a bell dings") or, when it quotes speech, by its quote ('the speaker
     saying "Thank you"' by 'a woman says "Thank you"'): captions name things, choices refer to them.
     A question asking which comes *later* or *last* takes, of the choices named, the one whose first
-    naming comes last. No choice named anywhere: no answer (counted wrong). It cannot
-    count ("how many" questions go unanswered) or reason beyond this, which the per-category table
-    shows; it is not a substitute for an LLM judge.
+    naming comes last. A question whose choices are all times ("At about what time does the bell
+    start?") takes the choice nearest to the first time (the last, for "end" / "stop") of the first
+    sentence about its subject that gives times; one whose choices are all counts ("how many sound
+    effects") counts the caption's distinct sound sentences, speech left out for "apart from the
+    voice". No choice named anywhere: no answer (counted wrong). It reasons no further than this,
+    which the per-category table shows; it is not a substitute for an LLM judge.
     """
 
     #: v2: choices are also named without their article or by their quote, and "which comes later"
-    #: is read (v1 left the real-speech world's order questions unanswered); the version keeps
-    #: v1's cached answers apart.
-    identity = "rule-v2"
+    #: is read (v1 left the real-speech world's order questions unanswered). v3: times are read as
+    #: the nearest choice, not only an exact one, and "how many" is counted (v2 left both unanswered
+    #: unless a caption's time matched a choice to the digit). The version keeps older answers apart.
+    identity = "rule-v3"
 
     def choose(self, asks: Sequence[Ask]) -> list[str | None]:
         return [self._one(ask) for ask in asks]
@@ -145,8 +194,14 @@ class RuleJudge:
         named = {w for choice in ask.choices for w in _WORD.findall(choice.lower())}
         wanted = set(_WORD.findall(ask.question.lower())) - _STOP - named  # the subject, not the options
         parts = sentences(ask.caption)
+        if re.search(r"\bhow many\b", ask.question, re.IGNORECASE) and all(_count(c) is not None for c in ask.choices):
+            return _counted(ask, parts)
         if _LATER & set(_WORD.findall(_QUOTE.sub("", ask.question).lower())):  # not a word of a quote
             return _named_last(ask, parts)
+        if all(_TIME.fullmatch(c.strip()) for c in ask.choices):
+            subject = wanted - _WHEN
+            overlaps = sorted((-len(subject & set(_WORD.findall(p.lower()))), i) for i, p in enumerate(parts))
+            return _nearest_time(ask, parts, [(-o, i) for o, i in overlaps])
         ranked = sorted(range(len(parts)), key=lambda i: (-len(wanted & set(_WORD.findall(parts[i].lower()))), i))
         names = [(k, name) for k, choice in enumerate(ask.choices) for name in _names(choice)]
         longest_first = sorted(names, key=lambda kn: -len(kn[1]))
