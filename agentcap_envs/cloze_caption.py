@@ -17,6 +17,7 @@ from agentcap.judges.questions import BLANK, Question, question_bank
 from agentcap.rewards.base import weighted_sum
 from agentcap.rewards.functional.cloze import (
     anchor_problem,
+    event_count_reward,
     event_temporal_reward,
     evidence_sufficiency,
     length_ramp_reward,
@@ -33,7 +34,7 @@ PROMPTS = {
 }
 
 #: The reward components, in the order they are logged; ``weights`` may name only these.
-COMPONENTS = ("esr", "ectr", "length")
+COMPONENTS = ("esr", "ectr", "length", "count")
 #: How far (s) an anchor may pass the decoded clip end: rounding in hand-written timestamps.
 ANCHOR_SLACK = 0.1
 
@@ -56,7 +57,8 @@ class ClozeCaptionEnv(CaptionEnv):
     ## Rewards
     ``weights["esr"]``·ESR (+1 correct, −0.5 for E, −1 wrong, mean over the bank; Eq. 3)
     + ``weights["ectr"]``·ECTR (mean tIoU over anchors, null → 0; Eq. 5)
-    + ``weights["length"]``·length. The reward curriculum (Eq. 7: R(1) without ECTR, then R(2)) is two
+    + ``weights["length"]``·length + ``weights["count"]``·count (ours, not the paper's: timed clauses
+    against the clip's events, so an invented event costs something; weight 0 unless named). The reward curriculum (Eq. 7: R(1) without ECTR, then R(2)) is two
     schedule stages with different ``weights``; the duration curriculum is a stage ``max_duration``.
     A weight left out counts 0; a weight naming no component is refused (a typo must not drop a
     term silently). An unlabelled item (``item_from_audio``: no cloze bank) has no reward: NaN,
@@ -258,6 +260,7 @@ class ClozeCaptionEnv(CaptionEnv):
                 ),
                 "ectr": event_temporal_reward(captions, [e.item["anchors"] for e in batch], self.temporal),
                 "length": length_ramp_reward(captions, [e.item["caption"] for e in batch], self.length_tolerance),
+                "count": event_count_reward(captions, [e.item["anchors"] for e in batch]),
             }
             weights = {k: float(self.weights.get(k, 0.0)) for k in COMPONENTS}
             total = weighted_sum(parts, weights)

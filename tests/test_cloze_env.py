@@ -126,7 +126,7 @@ def test_gold_caption_gets_full_marks(env, sound_rows):
 def test_empty_caption_gets_omission_penalty_and_no_temporal_credit(toy_soundscapes, env):
     obs, reward, terminated, _, info = _play(env, 0, "")
     assert terminated
-    assert info["rewards"] == {"esr": -0.5, "ectr": 0.0, "length": 0.0}
+    assert info["rewards"] == {"esr": -0.5, "ectr": 0.0, "length": 0.0, "count": 0.0}
     assert reward == -0.5
     milder = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact", r_abs=-0.25)
     assert _play(milder, 0, "")[4]["rewards"]["esr"] == -0.25
@@ -182,7 +182,6 @@ def test_reward_is_the_weighted_sum_R1_then_R2(toy_soundscapes, sound_rows):
     assert parts1["ectr"] == pytest.approx(expected_ectr, abs=1e-6)
     assert reward1 == pytest.approx(1.0 * 1.0 + 0.2 * 1.0)
     assert reward2 == pytest.approx(1.0 * 1.0 + 0.5 * expected_ectr + 0.2 * 1.0)
-
     only_esr = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact", weights={"esr": 2.0})
     assert _play(only_esr, index, caption)[1] == pytest.approx(2.0)  # a weight left out counts 0
     with pytest.raises(ValueError, match="ecrt"):
@@ -198,6 +197,23 @@ class CountingExaminer:
     def answer(self, captions, questions):
         self.calls.append(list(zip(captions, questions)))
         return self.inner.answer(captions, questions)
+
+
+def test_an_invented_event_costs_the_count_term_only_when_it_is_weighted(toy_soundscapes, sound_rows):
+    """R_count (ours): the gold caption times every event; one more timed sentence lowers count, which
+    enters the reward only with a ``count`` weight (the paper's rewards stay as they were)."""
+    index = _index(sound_rows, 1)
+    row = sound_rows[index]
+    invented = row["caption"] + " From 9.0 s to 9.5 s, a trumpet plays."
+    m = len(row["anchors"])
+    for weights, extra in (({"esr": 1.0, "length": 0.2}, 0.0), ({"esr": 1.0, "length": 0.2, "count": 1.0}, 1.0)):
+        env = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact", weights=weights)
+        _, gold_reward, _, _, gold = _play(env, index, row["caption"])
+        _, reward, _, _, info = _play(env, index, invented)
+        assert gold["rewards"]["count"] == 1.0 and info["rewards"]["count"] == pytest.approx(m / (m + 1))
+        assert gold_reward - reward == pytest.approx(
+            gold["rewards"]["esr"] - info["rewards"]["esr"] + 0.2 * (gold["rewards"]["length"] - info["rewards"]["length"])
+            + extra * (1 - m / (m + 1)))
 
 
 def test_batched_score_equals_per_episode_scores(toy_soundscapes, sound_rows):

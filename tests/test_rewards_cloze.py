@@ -14,6 +14,7 @@ from agentcap.rewards.base import weighted_sum
 from agentcap.rewards.functional.cloze import (
     answer_scores,
     curriculum_weights,
+    event_count_reward,
     event_temporal_reward,
     evidence_sufficiency,
     gold_to_prediction,
@@ -183,6 +184,20 @@ def test_length_reward_hand_computed():
         length_ramp_reward(["a", "b"], ["x", "  "])
     with pytest.raises(ValueError, match="tolerance"):
         length_ramp_reward(["a"], ["x"], tolerance=-0.1)
+
+
+# --- R_count (ours) -----------------------------------------------------------------------------------
+def test_count_reward_charges_a_missing_and_an_invented_event_alike():
+    anchors = [{"event": "the bell", "start": 0.2, "end": 0.4}, {"event": "a woman says", "start": 1.2, "end": 2.9}]
+    two = 'From 0.2 s to 0.4 s, a bell dings. From 1.2 s to 2.9 s, a woman says "Thank you, goodbye".'
+    captions = [two,
+                two + " From 3.0 s to 3.5 s, a chime plays.",  # an event the clip lacks: 2 of 3
+                "From 0.2 s to 0.4 s, a bell dings.",  # one missing: 1 of 2
+                "A bell dings, then a woman speaks.",  # nothing timed
+                "A bell at 0.2 s and a woman from 1.2 to 2.9 s."]  # two timed clauses in one sentence
+    assert event_count_reward(captions, [anchors] * 5).tolist() == pytest.approx([1.0, 2 / 3, 0.5, 0.0, 1.0])
+    with pytest.raises(ValueError, match="anchor list 0 is empty"):
+        event_count_reward(["c"], [[]])
 
 
 # --- Eq. 7 ------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ one call and every (caption, event) pair to the temporal examiner in one call, s
 runs one forward pass per batch of queries, and identical queries (the G rollouts of an item often
 repeat a caption) are asked once.
 
-Departure from the paper: AudioMap does not define R_len. :func:`length_ramp_reward` is our choice,
-documented there.
+Departures from the paper: AudioMap does not define R_len. :func:`length_ramp_reward` is our choice,
+documented there. :func:`event_count_reward` is ours too: AudioMap's rewards ask only about the clip's
+own events, so nothing in them costs a caption an event the clip lacks (docs/real.md measures GRPO
+buying cloze answers that way).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from agentcap.judges.examiner import Examiner
 from agentcap.judges.questions import LETTERS, Question
 from agentcap.judges.replies import TooManyInvalidReplies
-from agentcap.judges.temporal import TemporalExaminer
+from agentcap.judges.temporal import TemporalExaminer, parse_intervals
 
 #: AudioMap's r_pos, r_abs, r_neg (Eq. 3); ACE-Cap Eq. 2 uses the same 1 / −0.5 / −1.
 DEFAULT_SCORES = {"r_pos": 1.0, "r_abs": -0.5, "r_neg": -1.0}
@@ -209,6 +211,26 @@ def length_ramp_reward(captions: Sequence[str], references: Sequence[str], toler
             rewards.append(0.0)
         else:
             rewards.append(1.0 - (d - band) / band)
+    return torch.tensor(rewards, dtype=torch.float64)
+
+
+def event_count_reward(captions: Sequence[str], anchors_per_caption: Sequence[Sequence[Any]]) -> torch.Tensor:
+    """R_count — ours, not AudioMap's: min(n, m) / max(n, m), with n the timed clauses of the caption
+    (read by the temporal examiners' parser, :func:`agentcap.judges.temporal.parse_intervals`) and m
+    the clip's event anchors; 0 for a caption that times nothing.
+
+    ESR and ECTR ask only about events the clip has, so a caption that adds events it lacks loses
+    nothing there and may gain (one more name, one more chance at a cloze blank). This term charges
+    a missing and an invented event alike, and reads only the caption's times, not its words.
+    """
+    if len(captions) != len(anchors_per_caption):
+        raise ValueError(f"got {len(captions)} captions but {len(anchors_per_caption)} anchor lists")
+    rewards = []
+    for i, (caption, anchors) in enumerate(zip(captions, anchors_per_caption)):
+        if len(anchors) == 0:
+            raise ValueError(f"anchor list {i} is empty: R_count compares the caption's events with >= 1 anchor")
+        n, m = len(parse_intervals(caption)), len(anchors)
+        rewards.append(min(n, m) / max(n, m))
     return torch.tensor(rewards, dtype=torch.float64)
 
 
