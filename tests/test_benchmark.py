@@ -183,7 +183,8 @@ def test_rule_judge_names_choices_by_their_quote_or_without_article_and_reads_la
 
 def test_rule_judge_reads_the_nearest_time_and_counts_sound_sentences():
     """v3: "at about what time" takes the choice nearest the subject's sentence's time (v2 needed the
-    digits to match), and "how many" counts the distinct sound sentences (v2 left it unanswered)."""
+    digits to match), "how many" counts the distinct sound sentences (v2 left it unanswered), and
+    "the first one after "Q"" reads the sentences after Q's (v2 took the first choice anywhere)."""
     caption = ('From 0.3 s to 1.4 s, a bell dings. From 1.7 s to 3.7 s, a woman says "Information about '
                'your call". From 4.0 s to 4.6 s, a bell dings. From 5.1 s to 5.4 s, a chime rings.')
     judge = RuleJudge()
@@ -194,8 +195,11 @@ def test_rule_judge_reads_the_nearest_time_and_counts_sound_sentences():
             Ask(caption, "At about what time does the horn start?", ("1.0 s", "2.0 s")),  # not named: no answer
             Ask(caption, "Apart from the voice, how many sound effects can be heard?", ("none", "two", "one")),
             Ask(caption, "How many sounds can be heard?", ("2", "3", "4")),
-            Ask(caption, "Apart from the voice, how many sound effects can be heard?", ("none", "one"))]  # two: not a choice
-    assert judge.choose(asks) == ["B", "B", "B", "A", None, "B", "B", None]
+            Ask(caption, "Apart from the voice, how many sound effects can be heard?", ("none", "one")),  # two: not a choice
+            Ask(caption, 'Which sound effect is the first one after "Information about your call" is said?',
+                ("chime", "bell", "horn")),
+            Ask(caption, 'Which sound effect is the first one after "Goodbye" is said?', ("horn", "bell"))]  # not quoted: read as any
+    assert judge.choose(asks) == ["B", "B", "B", "A", None, "B", "B", None, "B", "B"]
 
 
 def test_local_judge_reads_only_the_asks_letters():

@@ -156,6 +156,22 @@ def _nearest_time(ask: Ask, parts: Sequence[str], ranked: Sequence[tuple[int, in
     return None
 
 
+def _named_after(ask: Ask, parts: Sequence[str], quote: str) -> str | None:
+    """"The first one after "Q" is said": the first choice named in the sentences after the one that
+    shares most of Q's words (None: no sentence shares any, or none after it names a choice; the
+    question is then read as any other)."""
+    said = set(_WORD.findall(quote.lower())) - _STOP
+    overlaps = [len(said & set(_WORD.findall(p.lower()))) for p in parts]
+    if not overlaps or max(overlaps) == 0:
+        return None
+    for part in parts[overlaps.index(max(overlaps)) + 1:]:
+        first = {k: m.start() for k, choice in enumerate(ask.choices) for name in _names(choice)
+                 for m in list(_phrase(name).finditer(part))[:1]}
+        if first:
+            return LETTERS[min(first, key=first.get)]
+    return None
+
+
 def _names(choice: str) -> list[str]:
     """The ways a caption may name a choice: its words, without a leading article, its quote."""
     found = [choice, _ARTICLE.sub("", choice), *_QUOTE.findall(choice)]
@@ -176,14 +192,16 @@ class RuleJudge:
     start?") takes the choice nearest to the first time (the last, for "end" / "stop") of the first
     sentence about its subject that gives times; one whose choices are all counts ("how many sound
     effects") counts the caption's distinct sound sentences, speech left out for "apart from the
-    voice". No choice named anywhere: no answer (counted wrong). It reasons no further than this,
+    voice"; "the first one after "Q" is said" takes the first choice named after the sentence that
+    quotes Q (read as any question when there is none). No choice named anywhere: no answer (counted wrong). It reasons no further than this,
     which the per-category table shows; it is not a substitute for an LLM judge.
     """
 
     #: v2: choices are also named without their article or by their quote, and "which comes later"
     #: is read (v1 left the real-speech world's order questions unanswered). v3: times are read as
-    #: the nearest choice, not only an exact one, and "how many" is counted (v2 left both unanswered
-    #: unless a caption's time matched a choice to the digit). The version keeps older answers apart.
+    #: the nearest choice, not only an exact one, "how many" is counted (v2 left both unanswered
+    #: unless a caption's time matched a choice to the digit) and "after "Q"" is read in the
+    #: sentences after Q's. The version keeps older answers apart.
     identity = "rule-v3"
 
     def choose(self, asks: Sequence[Ask]) -> list[str | None]:
@@ -196,8 +214,13 @@ class RuleJudge:
         parts = sentences(ask.caption)
         if re.search(r"\bhow many\b", ask.question, re.IGNORECASE) and all(_count(c) is not None for c in ask.choices):
             return _counted(ask, parts)
-        if _LATER & set(_WORD.findall(_QUOTE.sub("", ask.question).lower())):  # not a word of a quote
+        unquoted = set(_WORD.findall(_QUOTE.sub("", ask.question).lower()))  # not the words of a quote
+        if _LATER & unquoted:
             return _named_last(ask, parts)
+        after = _named_after(ask, parts, _QUOTE.search(ask.question).group(1)) \
+            if "after" in unquoted and _QUOTE.search(ask.question) else None
+        if after is not None:
+            return after  # otherwise read as any question: Q not found, or nothing named after it
         if all(_TIME.fullmatch(c.strip()) for c in ask.choices):
             subject = wanted - _WHEN
             overlaps = sorted((-len(subject & set(_WORD.findall(p.lower()))), i) for i, p in enumerate(parts))
