@@ -193,8 +193,9 @@ class RuleJudge:
     sentence about its subject that gives times; one whose choices are all counts ("how many sound
     effects") counts the caption's distinct sound sentences, speech left out for "apart from the
     voice"; "the first one after "Q" is said" takes the first choice named after the sentence that
-    quotes Q (read as any question when there is none). No choice named anywhere: no answer (counted wrong). It reasons no further than this,
-    which the per-category table shows; it is not a substitute for an LLM judge.
+    quotes Q (read as any question when there is none). No choice named anywhere: no answer (counted
+    wrong). It reasons no further than this, which the per-category table shows; it is not a
+    substitute for an LLM judge.
     """
 
     #: v2: choices are also named without their article or by their quote, and "which comes later"
@@ -217,14 +218,14 @@ class RuleJudge:
         unquoted = set(_WORD.findall(_QUOTE.sub("", ask.question).lower()))  # not the words of a quote
         if _LATER & unquoted:
             return _named_last(ask, parts)
-        after = _named_after(ask, parts, _QUOTE.search(ask.question).group(1)) \
-            if "after" in unquoted and _QUOTE.search(ask.question) else None
+        quote = _QUOTE.search(ask.question)
+        after = _named_after(ask, parts, quote.group(1)) if quote and "after" in unquoted else None
         if after is not None:
             return after  # otherwise read as any question: Q not found, or nothing named after it
         if all(_TIME.fullmatch(c.strip()) for c in ask.choices):
             subject = wanted - _WHEN
-            overlaps = sorted((-len(subject & set(_WORD.findall(p.lower()))), i) for i, p in enumerate(parts))
-            return _nearest_time(ask, parts, [(-o, i) for o, i in overlaps])
+            overlaps = [(len(subject & set(_WORD.findall(p.lower()))), i) for i, p in enumerate(parts)]
+            return _nearest_time(ask, parts, sorted(overlaps, key=lambda oi: (-oi[0], oi[1])))
         ranked = sorted(range(len(parts)), key=lambda i: (-len(wanted & set(_WORD.findall(parts[i].lower()))), i))
         names = [(k, name) for k, choice in enumerate(ask.choices) for name in _names(choice)]
         longest_first = sorted(names, key=lambda kn: -len(kn[1]))
