@@ -58,11 +58,12 @@ class ClozeCaptionEnv(CaptionEnv):
     ``weights["esr"]``·ESR (+1 correct, −0.5 for E, −1 wrong, mean over the bank; Eq. 3)
     + ``weights["ectr"]``·ECTR (mean tIoU over anchors, null → 0; Eq. 5)
     + ``weights["length"]``·length + ``weights["count"]``·count (ours, not the paper's: timed clauses
-    against the clip's events, so an invented event costs something; weight 0 unless named). The reward curriculum (Eq. 7: R(1) without ECTR, then R(2)) is two
-    schedule stages with different ``weights``; the duration curriculum is a stage ``max_duration``.
-    A weight left out counts 0; a weight naming no component is refused (a typo must not drop a
-    term silently). An unlabelled item (``item_from_audio``: no cloze bank) has no reward: NaN,
-    no components, utility ``None``, ``extras["unlabelled"] = 1``.
+    against the clip's events, so an invented event costs something; weight 0 unless named). The
+    reward curriculum (Eq. 7: R(1) without ECTR, then R(2)) is two schedule stages with different
+    ``weights``; the duration curriculum is a stage ``max_duration``. A weight left out counts 0; a
+    weight naming no component is refused (a typo must not drop a term silently). An unlabelled item
+    (``item_from_audio``: no cloze bank) has no reward: NaN, no components, utility ``None``,
+    ``extras["unlabelled"] = 1``.
 
     ## Episode end
     After the single action.

@@ -99,9 +99,9 @@ def benchmark_figures(run: str, stage: str, judge: RuleJudge | None = None) -> d
         return dict.fromkeys(keys, float("nan"))
     with open(path, encoding="utf-8") as handle:
         rows = [json.loads(line) for line in handle]
-    asked = [r for r in rows if r.get("caption") is not None]
-    letters = dict(zip(map(id, asked), judge.choose([Ask(r["caption"], r["question"], tuple(r["choices"])) for r in asked])))
-    right = [float(letters.get(id(r)) == r["answer"]) for r in rows]
+    answers = iter(judge.choose([Ask(r["caption"], r["question"], tuple(r["choices"]))
+                                 for r in rows if r.get("caption") is not None]))
+    right = [float(r.get("caption") is not None and next(answers) == r["answer"]) for r in rows]
 
     def accuracy(group: str | None) -> float:
         mine = [ok for r, ok in zip(rows, right) if group is None or group in (r.get("category"), r.get("subcategory"))]
