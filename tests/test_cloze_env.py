@@ -182,21 +182,11 @@ def test_reward_is_the_weighted_sum_R1_then_R2(toy_soundscapes, sound_rows):
     assert parts1["ectr"] == pytest.approx(expected_ectr, abs=1e-6)
     assert reward1 == pytest.approx(1.0 * 1.0 + 0.2 * 1.0)
     assert reward2 == pytest.approx(1.0 * 1.0 + 0.5 * expected_ectr + 0.2 * 1.0)
+
     only_esr = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact", weights={"esr": 2.0})
     assert _play(only_esr, index, caption)[1] == pytest.approx(2.0)  # a weight left out counts 0
     with pytest.raises(ValueError, match="ecrt"):
         gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), weights={"esr": 1.0, "ecrt": 1.0})
-
-
-class CountingExaminer:
-    """Forwards to a real examiner and records every batch it is sent."""
-
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
-
-    def answer(self, captions, questions):
-        self.calls.append(list(zip(captions, questions)))
-        return self.inner.answer(captions, questions)
 
 
 def test_an_invented_event_costs_the_count_term_only_when_it_is_weighted(toy_soundscapes, sound_rows):
@@ -214,6 +204,17 @@ def test_an_invented_event_costs_the_count_term_only_when_it_is_weighted(toy_sou
         assert gold_reward - reward == pytest.approx(
             gold["rewards"]["esr"] - info["rewards"]["esr"] + 0.2 * (gold["rewards"]["length"] - info["rewards"]["length"])
             + extra * (1 - m / (m + 1)))
+
+
+class CountingExaminer:
+    """Forwards to a real examiner and records every batch it is sent."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def answer(self, captions, questions):
+        self.calls.append(list(zip(captions, questions)))
+        return self.inner.answer(captions, questions)
 
 
 def test_batched_score_equals_per_episode_scores(toy_soundscapes, sound_rows):

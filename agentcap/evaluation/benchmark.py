@@ -166,7 +166,7 @@ def _named_after(ask: Ask, parts: Sequence[str], quote: str) -> str | None:
         return None
     for part in parts[overlaps.index(max(overlaps)) + 1:]:
         first = {k: m.start() for k, choice in enumerate(ask.choices) for name in _names(choice)
-                 for m in list(_phrase(name).finditer(part))[:1]}
+                 if (m := _phrase(name).search(part))}
         if first:
             return LETTERS[min(first, key=first.get)]
     return None
