@@ -13,7 +13,7 @@ from agentcap.core.manifests import (ManifestError, audio_id, audio_where, check
                                      resolve, warn_truncation)
 from agentcap.judges.build import build_examiner, build_temporal_examiner
 from agentcap.judges.pool import sharded as judges_sharded
-from agentcap.judges.questions import BLANK, Question, question_bank
+from agentcap.judges.questions import BLANK, Question, question_bank, sentence_spans
 from agentcap.rewards.base import weighted_sum
 from agentcap.rewards.functional.cloze import (
     anchor_problem,
@@ -90,6 +90,10 @@ class ClozeCaptionEnv(CaptionEnv):
     that answers, as the paper's Instruct starts. demo_caption: ``False`` drops the gold caption from
     the warm start, so its loss is the answers' alone (beside a caption, the answers' few tokens are a
     small share of it).
+    credit: ``caption`` (the paper's GRPO: one advantage for the whole caption) or ``sentence`` (ours:
+    each sentence's tokens are trained with the advantage of its own share of the reward, the reward
+    minus that of the caption without it, normalised over the group's sentences; see ``Score.text_credit``).
+    One caption-level advantage carries every number a winning caption wrote, right or wrong (docs/real.md).
 
     ## Version history
     v0: first version.
@@ -124,6 +128,7 @@ class ClozeCaptionEnv(CaptionEnv):
         demo_qa: int = 0,
         demo_absent: float = 0.0,
         demo_caption: bool = True,
+        credit: Literal["caption", "sentence"] = "caption",
     ):
         self.sample_rate, self.max_seconds, self.audio_check = sample_rate, max_seconds, audio_check
         if not (isinstance(demo_qa, int) and not isinstance(demo_qa, bool) and demo_qa >= 0):
@@ -135,6 +140,7 @@ class ClozeCaptionEnv(CaptionEnv):
         if not demo_caption and not demo_qa:
             raise ValueError("demo_caption=False leaves the warm start only its question turns; with demo_qa=0 there are none (set demo_qa >= 1)")
         self.demo_qa, self.demo_absent, self.demo_caption = demo_qa, demo_absent, demo_caption
+        self.credit = credit
         self._questions: BalancedQuestions | None = None
         super().__init__(
             manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
@@ -255,23 +261,51 @@ class ClozeCaptionEnv(CaptionEnv):
         if labelled or judges_sharded():  # a sharded judge's call is a collective: asked even with none
             batch = [episodes[i] for i in labelled]
             captions = [e.actions[-1].text if e.actions else "" for e in batch]
-            parts = {
-                "esr": evidence_sufficiency(
-                    captions, [question_bank(e.item) for e in batch], self.examiner, **self.answer_scores
-                ),
-                "ectr": event_temporal_reward(captions, [e.item["anchors"] for e in batch], self.temporal),
-                "length": length_ramp_reward(captions, [e.item["caption"] for e in batch], self.length_tolerance),
-                "count": event_count_reward(captions, [e.item["anchors"] for e in batch]),
-            }
-            weights = {k: float(self.weights.get(k, 0.0)) for k in COMPONENTS}
-            total = weighted_sum(parts, weights)
+            parts, total = self._rewards(captions, [e.item for e in batch])
+            credit = self._sentence_credit(captions, [e.item for e in batch], total.tolist()) \
+                if self.credit == "sentence" else [None] * len(batch)
             for row, i in enumerate(labelled):
                 scores[i] = Score(
                     reward=float(total[row]),
                     components={k: float(v[row]) for k, v in parts.items()},
                     utilities=[float(total[row])],
+                    text_credit=[credit[row]],
                 )
         return scores  # type: ignore[return-value]
+
+    def _rewards(self, captions: Sequence[str], items: Sequence[Mapping[str, Any]]):
+        """Each caption's components and weighted reward, against its item's bank, anchors and gold."""
+        parts = {
+            "esr": evidence_sufficiency(captions, [question_bank(i) for i in items], self.examiner, **self.answer_scores),
+            "ectr": event_temporal_reward(captions, [i["anchors"] for i in items], self.temporal),
+            "length": length_ramp_reward(captions, [i["caption"] for i in items], self.length_tolerance),
+            "count": event_count_reward(captions, [i["anchors"] for i in items]),
+        }
+        return parts, weighted_sum(parts, {k: float(self.weights.get(k, 0.0)) for k in COMPONENTS})
+
+    def _sentence_credit(
+        self, captions: Sequence[str], items: Sequence[Mapping[str, Any]], totals: Sequence[float]
+    ) -> list[list[tuple[int, float]] | None]:
+        """Each sentence's share of its caption's reward: the reward minus that of the caption without
+        it (leave one out), so a sentence whose event the examiner gets wrong, or that only lengthens
+        the caption, is charged, and the right ones beside it are not. One batched scoring of every
+        caption with one sentence removed; a sentence's piece runs to the next one's start."""
+        variants, owners, pieces = [], [], []
+        for row, caption in enumerate(captions):
+            spans = sentence_spans(caption)  # none in an empty caption: its one token keeps the caption's advantage
+            starts = [0] + [start for start, _ in spans[1:]] if spans else []
+            ends = [start for start, _ in spans[1:]] + [len(caption)] if spans else []
+            pieces.append(ends)
+            for start, end in zip(starts, ends):
+                variants.append((caption[:start] + caption[end:]).strip())
+                owners.append(row)
+        # a sharded judge's call is a collective: asked even with no variant here
+        _, without = self._rewards(variants, [items[row] for row in owners]) \
+            if variants or judges_sharded() else (None, [])
+        shares: list[list[float]] = [[] for _ in captions]
+        for row, reward in zip(owners, [float(r) for r in without]):
+            shares[row].append(totals[row] - reward)
+        return [list(zip(ends, share)) if ends else None for ends, share in zip(pieces, shares)]
 
 
 def _check_anchor(anchor: Any, where: str) -> None:

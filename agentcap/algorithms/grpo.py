@@ -74,15 +74,21 @@ def clipped_objective(
 
     Shapes: logprobs, old_logprobs, mask, ref_logprobs [N, T]; advantages [N], one per row (a
     response, GRPO; a span, LOOP-GRPO, whose Eq. 18 gives every token of the span the span's
-    advantage). ``weights`` [N, T] from :func:`token_weights`.
+    advantage), or [N, T], one per token (per-sentence credit, ``Score.text_credit``).
+    ``weights`` [N, T] from :func:`token_weights`.
     ``importance_weights`` [N, T] (detached) reweight each token's surrogate: the off-policy
     correction of ``algorithms.offpolicy`` when a separate engine sampled the actions.
     """
     keep = mask.bool()  # [N, T]
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    if advantages.dim() != 1:
-        raise ValueError(f"advantages must be [N], one per row, got shape {tuple(advantages.shape)}")
-    advantages = torch.where(keep, advantages.to(logprobs.dtype).unsqueeze(1).expand_as(logprobs), zero)
+    if advantages.dim() == 1 and advantages.shape[0] == logprobs.shape[0]:
+        advantages = advantages.unsqueeze(1).expand_as(logprobs)
+    elif advantages.shape != logprobs.shape:
+        raise ValueError(
+            f"advantages must be [N], one per row, or [N, T], one per token, for log-probs of shape "
+            f"{tuple(logprobs.shape)}; got shape {tuple(advantages.shape)}"
+        )
+    advantages = torch.where(keep, advantages.to(logprobs.dtype), zero)
     if weights is None:
         weights = token_weights(mask, dtype=logprobs.dtype)
     weights = weights.to(logprobs.dtype)

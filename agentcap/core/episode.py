@@ -38,9 +38,17 @@ class Episode:
 
 @dataclass
 class Score:
-    """What a finished episode earned: the scalar reward, its named parts and per-action utilities."""
+    """What a finished episode earned: the scalar reward, its named parts and per-action utilities.
+
+    ``text_credit`` (optional, per action like ``utilities``): the action's text cut into pieces, each
+    ``(end, utility)`` with ``end`` its last character offset (exclusive), in order, the last reaching
+    the text's end. The update then trains each piece's tokens with the piece's own advantage, not the
+    action's (per-sentence credit: ``ClozeCaption-v0``'s ``credit="sentence"``). ``None`` or missing:
+    the action's utility covers all of it.
+    """
 
     reward: float
     components: dict[str, float]
     utilities: list[float | None]
     extras: dict[str, Any] = field(default_factory=dict)
+    text_credit: list[list[tuple[int, float]] | None] = field(default_factory=list)

@@ -156,4 +156,17 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\s*;\s*|\n+")
 
 def sentences(text: str) -> list[str]:
     """Sentences (and ";"-separated parts) of a caption; a decimal point ("0.5 s") ends none."""
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+    return [text[start:end].strip() for start, end in sentence_spans(text)]
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """Where each of :func:`sentences` lies in ``text``: (start, end) character offsets, the
+    separators left out (so a caption's sentences can be credited, or removed, one at a time)."""
+    spans, start = [], 0
+    for match in [*_SENTENCE_END.finditer(text), None]:
+        end = len(text) if match is None else match.start()
+        if text[start:end].strip():
+            spans.append((start, end))
+        if match is not None:
+            start = match.end()
+    return spans

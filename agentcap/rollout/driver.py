@@ -22,6 +22,7 @@ from agentcap.core.env import CaptionEnv
 from agentcap.core.episode import Episode, Score
 from agentcap.judges.pool import sharded as judges_sharded
 from agentcap.parallel.lockstep import Lockstep
+from agentcap.rollout.credit import token_pieces
 
 
 @dataclass(kw_only=True)
@@ -38,6 +39,11 @@ class Span(Generation):
     observation: dict[str, Any]
     utility: float | None = None
     advantage: float = 0.0
+    # per-piece credit (``Score.text_credit``): each token's piece, the pieces' utilities, and the
+    # per-token advantages the update then trains with in place of ``advantage``
+    pieces: list[int] | None = None
+    piece_utilities: list[float] | None = None
+    token_advantages: list[float] | None = None
 
 
 @dataclass
@@ -201,6 +207,11 @@ class RolloutDriver:
         for span in batch.spans:
             utilities = scores[span.trajectory].utilities
             span.utility = utilities[span.action_index] if span.action_index < len(utilities) else None
+            credit = scores[span.trajectory].text_credit
+            credit = credit[span.action_index] if span.action_index < len(credit) else None
+            if credit and span.utility is not None:
+                ends, span.piece_utilities = [e for e, _ in credit], [float(u) for _, u in credit]
+                span.pieces = token_pieces(self._agent(span.agent).tokenizer, span.completion_ids, span.text, ends)
         batch.scores = scores
         return batch
 

@@ -124,6 +124,9 @@ class Row(Generation):
     kind: str = "completion"
     group: int = 0
     advantage: float = 0.0
+    pieces: list[int] | None = None  # per-piece credit, as on a Span
+    piece_utilities: list[float] | None = None
+    token_advantages: list[float] | None = None
 
 
 def rows(observations: Sequence[dict[str, Any]], generations: Sequence[Generation],

@@ -51,12 +51,44 @@ class UpdateSettings:
 
 
 def set_advantages(spans: Sequence[Any], eps_norm: float, std: AdvantageStd) -> None:
-    """Each span's advantage: its utility normalised within its (group, kind), READ Eq. 1 / LOOP Eq. 17."""
+    """Each span's advantage: its utility normalised within its (group, kind), READ Eq. 1 / LOOP Eq. 17.
+
+    Spans whose text the environment credited piece by piece (``Span.pieces``) also get per-token
+    advantages: each piece's utility normalised among all the pieces of its (group, kind), the way
+    LOOP-GRPO normalises its spans, and given to the tokens of that piece."""
     advantages = normalize_by_type(
         [s.utility for s in spans], [s.kind for s in spans], [s.group for s in spans], eps_norm, std=std,
     )
     for span, advantage in zip(spans, advantages.tolist()):
         span.advantage = advantage
+        span.token_advantages = None
+    credited = [s for s in spans if getattr(s, "pieces", None) is not None]
+    if not credited:
+        return
+    owners = [(s, k) for s in credited for k in range(len(s.piece_utilities))]
+    pieces = normalize_by_type(
+        [s.piece_utilities[k] for s, k in owners], [s.kind for s, _ in owners], [s.group for s, _ in owners],
+        eps_norm, std=std,
+    ).tolist()
+    at = 0
+    for span in credited:
+        own = pieces[at: at + len(span.piece_utilities)]
+        at += len(own)
+        span.token_advantages = [own[k] for k in span.pieces]
+
+
+def _advantages(rows: Sequence[Any], length: int, device: torch.device) -> torch.Tensor:
+    """[N] when every row has one advantage; [N, T] when a row has per-token ones (padded with 0)."""
+    if all(getattr(r, "token_advantages", None) is None for r in rows):
+        return torch.tensor([r.advantage for r in rows], device=device)
+    out = torch.zeros(len(rows), length, dtype=torch.float64)
+    for i, r in enumerate(rows):
+        own = getattr(r, "token_advantages", None)
+        if own is None:
+            out[i] = r.advantage
+        else:
+            out[i, : len(own)] = torch.tensor(own, dtype=torch.float64)
+    return out.to(device)
 
 
 def update(
@@ -135,7 +167,7 @@ def policy_loss(
     inputs = agent.encode([r.observation for r in rows])
     pad = agent.tokenizer.pad_token_id
     completion, mask = pad_right([r.completion_ids for r in rows], pad, device)
-    advantages = torch.tensor([r.advantage for r in rows], device=device)
+    advantages = _advantages(rows, completion.shape[1], device)
     # the reference pass first: a LoRA stage-start reference swaps the adapter in place (agents.reference)
     ref = None if reference is None else reference.completion_logprobs(agent, inputs, completion, mask)
     logprobs, entropy = agent.completion_logprobs(inputs, completion, mask, with_entropy=True)

@@ -1,0 +1,144 @@
+"""Per-sentence credit (``ClozeCaption-v0``'s ``credit="sentence"``, ours): each sentence's share of
+the reward (leave one out), its tokens found in the generated ids, and the update training them with
+the sentence's own advantage."""
+
+from __future__ import annotations
+
+import gymnasium
+import pytest
+import torch
+from test_cloze_env import ENV_ID, _index, _play
+
+import agentcap_envs  # noqa: F401  (registers the built-in environments)
+from agentcap.agents.tiny import build_tiny
+from agentcap.algorithms.grpo import clipped_objective
+from agentcap.judges.questions import sentence_spans, sentences
+from agentcap.rollout.credit import token_pieces
+from agentcap.training.harness import Row
+from agentcap.training.update import set_advantages
+
+
+def _credited(toy_soundscapes, **kwargs):
+    return gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact",
+                          defer_scoring=True, **kwargs)
+
+
+def test_sentence_spans_are_where_the_sentences_lie():
+    text = " From 0.5 s to 1.0 s, a man speaks. A door slams; a dog barks.\n\nThe end "
+    spans = sentence_spans(text)
+    assert [text[a:b].strip() for a, b in spans] == sentences(text)
+    assert sentences(text) == ["From 0.5 s to 1.0 s, a man speaks.", "A door slams", "a dog barks.", "The end"]
+    assert sentence_spans("") == [] and sentence_spans(" ; ") == []
+
+
+def test_each_sentence_is_credited_its_leave_one_out_share(toy_soundscapes, sound_rows):
+    """A sentence's utility is the caption's reward minus that of the caption without it: the gold
+    caption's own sentences earn, an invented one is charged (it lengthens the caption past the
+    length ramp's tolerance, and answers nothing)."""
+    index = _index(sound_rows, 3)
+    caption = sound_rows[index]["caption"] + " From 9.0 s to 9.5 s, a trumpet plays. A trumpet plays again."
+    env = _credited(toy_soundscapes, credit="sentence")
+    episode = _play(env, index, caption)[4]["episode"]
+    score = env.unwrapped.score([episode])[0]
+    credit = score.text_credit[0]
+    spans = sentence_spans(caption)
+    assert len(credit) == len(spans) >= 4
+    assert [end for end, _ in credit] == [start for start, _ in spans[1:]] + [len(caption)]
+    plain = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact")
+    for (start, _), (end, share) in zip(spans, credit):  # a sentence and its separator come out together
+        assert share == pytest.approx(score.reward - _play(plain, index, (caption[:start] + caption[end:]).strip())[1])
+    gold, invented = [share for _, share in credit[:-2]], [share for _, share in credit[-2:]]
+    assert min(gold) > 0 and max(invented) < min(gold)
+    # the paper's credit: one utility for the whole caption, no pieces; the reward itself unchanged
+    caption_env = _credited(toy_soundscapes)
+    same = caption_env.unwrapped.score([_play(caption_env, index, caption)[4]["episode"]])[0]
+    assert same.text_credit == [None] and same.reward == score.reward
+
+
+def test_an_unknown_credit_is_refused(toy_soundscapes):
+    with pytest.raises(ValueError, match=r"argument 'credit' must be one of \['caption', 'sentence'\], got 'token'"):
+        gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), credit="token")
+
+
+def test_tokens_fall_in_the_piece_where_their_text_ends():
+    tokenizer = build_tiny("qwen2_audio", texts=["a beep from 0.5 s to 1.0 s . a dog barks ."]).tokenizer
+    text = "a beep from 0.5 s to 1.0 s. a dog barks."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    pieces = token_pieces(tokenizer, ids, text, [28, len(text)])  # the second sentence starts at 28
+    words = [tokenizer.decode([i]) for i in ids]
+    assert pieces == [0] * 9 + [1] * 5, list(zip(words, pieces))  # "." closes the first; EOS joins the last
+    assert token_pieces(tokenizer, ids, text, [len(text)]) == [0] * len(ids)
+    for bad in ([], [28], [28, 28, len(text)], [0, len(text)]):
+        with pytest.raises(ValueError, match="text credit ends must rise"):
+            token_pieces(tokenizer, ids, text, bad)
+
+
+def _row(group: int, utility: float, pieces=None, piece_utilities=None, length: int = 4) -> Row:
+    row = Row(completion_ids=torch.arange(length), group=group, utility=utility)
+    row.pieces, row.piece_utilities = pieces, piece_utilities
+    return row
+
+
+def test_pieces_are_normalised_among_their_groups_pieces():
+    """Each piece's utility is normalised over every piece of its (group, kind), like LOOP's spans;
+    its tokens get that advantage; rows without pieces keep one advantage; other groups do not mix."""
+    a = _row(0, 1.0, [0, 0, 1, 1], [0.5, -0.5])
+    b = _row(0, 0.0, [0, 1, 1, 1], [0.5, 0.5])
+    c = _row(1, 2.0, [0, 0, 0, 0], [3.0])
+    d = _row(1, 1.0)
+    set_advantages([a, b, c, d], 0.0, "population")
+    # group 0's pieces 0.5, -0.5, 0.5, 0.5: mean 0.25, std sqrt(3)/4
+    up, down = 0.25 / (3 ** 0.5 / 4), -0.75 / (3 ** 0.5 / 4)
+    assert a.token_advantages == pytest.approx([up, up, down, down])
+    assert b.token_advantages == pytest.approx([up] * 4)
+    assert c.token_advantages == [0.0] * 4  # a set of one piece: no relative signal
+    assert d.token_advantages is None and (a.advantage, b.advantage, d.advantage) == (1.0, -1.0, -1.0)
+
+
+def test_per_token_advantages_equal_per_row_ones_when_they_agree():
+    torch.manual_seed(0)
+    logprobs = torch.randn(3, 5, requires_grad=True)
+    old = logprobs.detach() + 0.1 * torch.randn(3, 5)
+    mask = torch.ones(3, 5)
+    mask[1, 3:] = 0
+    rows = torch.tensor([1.0, -0.5, 0.25])
+    by_row = clipped_objective(logprobs, old, rows, mask)["loss"]
+    by_token = clipped_objective(logprobs, old, rows.unsqueeze(1).expand(3, 5).clone(), mask)["loss"]
+    assert torch.allclose(by_row, by_token)
+    mixed = rows.unsqueeze(1).repeat(1, 5)
+    mixed[0, 2:] = -1.0  # row 0's later tokens pushed down: only they change sign in the gradient
+    grad = torch.autograd.grad(clipped_objective(logprobs, old, mixed, mask)["loss"], logprobs)[0]
+    same = torch.autograd.grad(by_row, logprobs)[0]
+    assert torch.allclose(grad[1:], same[1:]) and torch.allclose(grad[0, :2], same[0, :2])
+    assert (grad[0, 2:] * same[0, 2:] < 0).all()
+    with pytest.raises(ValueError, match=r"advantages must be \[N\], one per row, or \[N, T\]"):
+        clipped_objective(logprobs, old, torch.zeros(3, 4), mask)
+
+
+def test_a_rollout_with_sentence_credit_trains_each_token_with_its_sentences_advantage(toy_soundscapes, sound_rows):
+    """Sampled captions of a tiny audio LM: every credited span's tokens are placed in its sentences,
+    the update runs on per-token advantages, and a span's tokens take only its sentences' values."""
+    from tiny_agents import tiny_agent
+
+    from agentcap.rollout.driver import RolloutDriver
+    from agentcap.training.harness import UpdateHarness
+
+    agent = tiny_agent("qwen2_audio", texts=[r["caption"] for r in sound_rows], max_new_tokens=24)
+    driver = RolloutDriver(lambda: _credited(toy_soundscapes, credit="sentence"), {"policy": agent})
+    batch = driver.run(indices=[0, 3], group_size=4, seed=3)
+    spans = batch.spans_of("policy")
+    credited = [s for s in spans if s.pieces is not None]
+    assert credited, [s.text for s in spans]
+    for span in credited:
+        assert len(span.pieces) == span.completion_ids.numel()
+        assert span.pieces == sorted(span.pieces) and span.pieces[-1] == len(sentence_spans(span.text)) - 1
+    set_advantages(spans, 1e-6, "population")
+    for span in credited:
+        own = {round(a, 9) for a in span.token_advantages}
+        assert len(own) <= len(span.piece_utilities)
+    harness = UpdateHarness(agent, lr=1e-3)
+    before = [p.detach().clone() for p in agent.trainable_parameters()]
+    stats = harness.update(spans)
+    assert torch.isfinite(torch.tensor(stats["loss"]))
+    assert any(not torch.equal(a, b) for a, b in zip(before, agent.trainable_parameters()))
