@@ -123,6 +123,7 @@ def test_a_rollout_with_sentence_credit_trains_each_token_with_its_sentences_adv
 
     from agentcap.rollout.driver import RolloutDriver
     from agentcap.training.harness import UpdateHarness
+    from agentcap.training.logs import rollout_metrics
 
     agent = tiny_agent("qwen2_audio", texts=[r["caption"] for r in sound_rows], max_new_tokens=24)
     driver = RolloutDriver(lambda: _credited(toy_soundscapes, credit="sentence"), {"policy": agent})
@@ -137,6 +138,10 @@ def test_a_rollout_with_sentence_credit_trains_each_token_with_its_sentences_adv
     for span in credited:
         own = {round(a, 9) for a in span.token_advantages}
         assert len(own) <= len(span.piece_utilities)
+    metrics = rollout_metrics(batch, spans, "policy", group_size=4)  # what W&B shows of the credit
+    assert metrics["credit/policy/pieces"] == pytest.approx(sum(len(s.piece_utilities) for s in credited) / len(credited))
+    against = sum(1 for s in credited for a in s.token_advantages if a * s.advantage < 0)
+    assert metrics["credit/policy/against_action"] == pytest.approx(against / sum(len(s.pieces) for s in credited))
     harness = UpdateHarness(agent, lr=1e-3)
     before = [p.detach().clone() for p in agent.trainable_parameters()]
     stats = harness.update(spans)

@@ -68,7 +68,8 @@ def rollout_metrics(
     ]
     trained = [(ids[s.trajectory], s.action_index, s.kind, float(s.utility), s.completion_ids.numel()) for s in spans]
     cut = [(s.agent, clipped(s, agents[s.agent])) for s in batch.spans if s.agent in agents] if agents else []
-    parts = gather_objects((trajectories, trained, dict(batch.generate_calls), cut))
+    credit = [_against(s) for s in spans if getattr(s, "token_advantages", None) is not None]
+    parts = gather_objects((trajectories, trained, dict(batch.generate_calls), cut, credit))
     trajectories = sorted(t for part in parts for t in part[0])
     trained = sorted(s for part in parts for s in part[1])
 
@@ -103,6 +104,10 @@ def rollout_metrics(
     for trajectory, _, kind, utility, _ in trained:
         by_kind[kind].append(utility)
         by_group[(kind, trajectory // group_size)].append(utility)
+    credit = [c for part in parts for c in part[4]]
+    if credit:  # per-piece credit (Score.text_credit): pieces per action, tokens pushed against the action's sign
+        metrics[f"credit/{agent}/pieces"] = float(np.mean([pieces for pieces, _, _ in credit]))
+        metrics[f"credit/{agent}/against_action"] = sum(a for _, a, _ in credit) / max(sum(n for *_, n in credit), 1)
     for kind, values in by_kind.items():
         metrics[f"utility/{kind}/mean"] = float(np.mean(values))
         metrics[f"utility/{kind}/std"] = float(np.std(values))
@@ -112,6 +117,14 @@ def rollout_metrics(
         metrics[f"utility/{kind}/group_std"] = float(np.mean([np.std(v) for v in groups]))
         metrics[f"utility/{kind}/zero_spread"] = float(np.mean([np.ptp(v) == 0 for v in groups]))
     return metrics
+
+
+def _against(span: Span) -> tuple[int, int, int]:
+    """A credited span's pieces, its tokens whose advantage has the other sign than the span's own
+    (nonzero both), and its tokens."""
+    own = np.sign(span.advantage)
+    against = sum(1 for a in span.token_advantages if own and np.sign(a) == -own)
+    return len(span.piece_utilities or ()), against, len(span.token_advantages)
 
 
 def clipped(span: Span, agent: Any) -> bool:
