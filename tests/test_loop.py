@@ -220,6 +220,16 @@ def test_all_equal_utilities_give_exact_zero_not_nan():
     assert normalize_by_type([None, None], ["F", "F"], [0, 0], 1e-6).tolist() == [0.0, 0.0]
 
 
+def test_uncentred_normalisation_keeps_each_utilitys_sign():
+    """``center=False`` (per-sentence credit's shares, already differences): scaled by the set's
+    spread, the mean not subtracted; ``std="none"`` leaves them as they are."""
+    shares = [0.5, 0.1, -0.5, 0.3]
+    u = torch.tensor(shares, dtype=torch.float64)
+    adv = normalize_by_type(shares, ["piece"] * 4, [0] * 4, 0.0, center=False)
+    assert torch.allclose(adv, u / u.std(unbiased=False)) and (adv.sign() == u.sign()).all()
+    assert normalize_by_type(shares, ["piece"] * 4, [0] * 4, 0.0, std="none", center=False).tolist() == shares
+
+
 def test_one_kind_per_group_is_plain_grpo():
     rewards = [0.5, -0.25, 1.0, 0.0, 0.2, 0.2]
     groups = [0, 0, 0, 0, 1, 1]

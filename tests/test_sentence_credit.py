@@ -80,20 +80,23 @@ def _row(group: int, utility: float, pieces=None, piece_utilities=None, length: 
     return row
 
 
-def test_pieces_are_normalised_among_their_groups_pieces():
-    """Each piece's utility is normalised over every piece of its (group, kind), like LOOP's spans;
-    its tokens get that advantage; rows without pieces keep one advantage; other groups do not mix."""
+def test_a_pieces_advantage_is_its_share_scaled_and_averaged_with_the_actions():
+    """A piece's share (a difference against the caption without it) is scaled by the spread of its
+    (group, kind)'s shares but not centred, so a sentence that helps less than another is still
+    pushed up; each token gets the mean of that and its span's own advantage; rows without pieces
+    keep one advantage; other groups do not mix."""
     a = _row(0, 1.0, [0, 0, 1, 1], [0.5, -0.5])
-    b = _row(0, 0.0, [0, 1, 1, 1], [0.5, 0.5])
+    b = _row(0, 0.0, [0, 1, 1, 1], [0.5, 0.1])
     c = _row(1, 2.0, [0, 0, 0, 0], [3.0])
     d = _row(1, 1.0)
     set_advantages([a, b, c, d], 0.0, "population")
-    # group 0's pieces 0.5, -0.5, 0.5, 0.5: mean 0.25, std sqrt(3)/4
-    up, down = 0.25 / (3 ** 0.5 / 4), -0.75 / (3 ** 0.5 / 4)
-    assert a.token_advantages == pytest.approx([up, up, down, down])
-    assert b.token_advantages == pytest.approx([up] * 4)
-    assert c.token_advantages == [0.0] * 4  # a set of one piece: no relative signal
-    assert d.token_advantages is None and (a.advantage, b.advantage, d.advantage) == (1.0, -1.0, -1.0)
+    assert (a.advantage, b.advantage, c.advantage, d.advantage) == (1.0, -1.0, 1.0, -1.0)
+    sigma = torch.tensor([0.5, -0.5, 0.5, 0.1], dtype=torch.float64).std(unbiased=False).item()
+    assert a.token_advantages == pytest.approx([(1 + 0.5 / sigma) / 2] * 2 + [(1 - 0.5 / sigma) / 2] * 2)
+    assert b.token_advantages == pytest.approx([(-1 + 0.5 / sigma) / 2] + [(-1 + 0.1 / sigma) / 2] * 3)
+    assert 2 * b.token_advantages[1] - b.advantage > 0  # its share 0.1 is below the shares' mean 0.15: still up
+    assert c.token_advantages == [0.5] * 4  # a set of one piece has no spread: the span's half alone
+    assert d.token_advantages is None
 
 
 def test_per_token_advantages_equal_per_row_ones_when_they_agree():

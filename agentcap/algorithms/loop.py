@@ -47,6 +47,7 @@ def normalize_by_type(
     groups: Sequence[Hashable],
     eps: float,
     std: AdvantageStd = "population",
+    center: bool = True,
 ) -> Tensor:
     """A(xi) = (u(xi) - mu_tau) / (sigma_tau + eps) within each (group, kind) set Xi_tau (Eq. 17).
 
@@ -55,7 +56,9 @@ def normalize_by_type(
     into separate sets so their scales do not mix. sigma is the population std by default (the
     paper does not say which; ``std="unbiased"`` matches TRL; ``"none"`` divides by nothing, Dr.
     GRPO). Singleton or constant sets give 0; None gives 0 and is not counted. To split by agent as
-    well, fold it into ``kinds`` or ``groups``. Returns float64 [N].
+    well, fold it into ``kinds`` or ``groups``. Without ``center`` the mean is not subtracted, A = u /
+    (sigma + eps): for utilities that are already differences against a counterfactual (per-sentence
+    credit's leave-one-out shares), whose sign must survive. Returns float64 [N].
     """
     if std not in ("population", "unbiased", "none"):
         raise ValueError(f"std must be 'population', 'unbiased' or 'none', got {std!r}")
@@ -76,7 +79,7 @@ def normalize_by_type(
         u = torch.tensor([float(utilities[i]) for i in index], dtype=torch.float64)  # [|Xi_tau|]
         if len(index) < 2 or bool(u.max() == u.min()):
             continue  # no relative signal: exactly zero, never NaN
-        mu = u.mean()
+        mu = u.mean() if center else torch.zeros((), dtype=torch.float64)
         if std == "none":
             advantages[index] = u - mu
             continue

@@ -42,9 +42,9 @@ class Score:
 
     ``text_credit`` (optional, per action like ``utilities``): the action's text cut into pieces, each
     ``(end, utility)`` with ``end`` its last character offset (exclusive), in order, the last reaching
-    the text's end. The update then trains each piece's tokens with the piece's own advantage, not the
-    action's (per-sentence credit: ``ClozeCaption-v0``'s ``credit="sentence"``). ``None`` or missing:
-    the action's utility covers all of it.
+    the text's end. The update then trains each piece's tokens with its own advantage beside the
+    action's (per-sentence credit: ``ClozeCaption-v0``'s ``credit="sentence"``;
+    ``training.update.set_advantages``). ``None`` or missing: the action's utility covers all of it.
     """
 
     reward: float

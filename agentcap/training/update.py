@@ -54,8 +54,12 @@ def set_advantages(spans: Sequence[Any], eps_norm: float, std: AdvantageStd) -> 
     """Each span's advantage: its utility normalised within its (group, kind), READ Eq. 1 / LOOP Eq. 17.
 
     Spans whose text the environment credited piece by piece (``Span.pieces``) also get per-token
-    advantages: each piece's utility normalised among all the pieces of its (group, kind), the way
-    LOOP-GRPO normalises its spans, and given to the tokens of that piece."""
+    advantages: the mean of the span's own advantage and its piece's. A piece's utility is a
+    difference against the caption without it (``Score.text_credit``), so it is scaled by the spread
+    of all the pieces of its (group, kind) but not centred: a sentence that helps is never pushed
+    down for helping less than another. The span's share keeps what no piece owns: the stop, and the
+    sentences left out (a first design, pieces centred and alone, taught captions to drop their sound
+    effects; docs/real.md)."""
     advantages = normalize_by_type(
         [s.utility for s in spans], [s.kind for s in spans], [s.group for s in spans], eps_norm, std=std,
     )
@@ -68,13 +72,13 @@ def set_advantages(spans: Sequence[Any], eps_norm: float, std: AdvantageStd) -> 
     owners = [(s, k) for s in credited for k in range(len(s.piece_utilities))]
     pieces = normalize_by_type(
         [s.piece_utilities[k] for s, k in owners], [s.kind for s, _ in owners], [s.group for s, _ in owners],
-        eps_norm, std=std,
+        eps_norm, std=std, center=False,
     ).tolist()
     at = 0
     for span in credited:
         own = pieces[at: at + len(span.piece_utilities)]
         at += len(own)
-        span.token_advantages = [own[k] for k in span.pieces]
+        span.token_advantages = [(span.advantage + own[k]) / 2 for k in span.pieces]
 
 
 def _advantages(rows: Sequence[Any], length: int, device: torch.device) -> torch.Tensor:
