@@ -146,3 +146,14 @@ def game_config(run_dir: Path, world: Path, stages: list[dict], trainer: dict | 
 @pytest.fixture
 def make_game_config():
     return game_config
+
+
+class CountingExaminer:
+    """Forwards to a real examiner and records every batch of (text, question) pairs it is sent."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def answer(self, captions, questions):
+        self.calls.append(list(zip(captions, questions)))
+        return self.inner.answer(captions, questions)

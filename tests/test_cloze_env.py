@@ -16,7 +16,7 @@ import gymnasium
 import numpy as np
 import pytest
 import soundfile
-from conftest import read_jsonl
+from conftest import CountingExaminer, read_jsonl
 
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
 from agentcap.core.manifests import ManifestError
@@ -204,17 +204,6 @@ def test_an_invented_event_costs_the_count_term_only_when_it_is_weighted(toy_sou
         assert gold_reward - reward == pytest.approx(
             gold["rewards"]["esr"] - info["rewards"]["esr"] + 0.2 * (gold["rewards"]["length"] - info["rewards"]["length"])
             + extra * (1 - m / (m + 1)))
-
-
-class CountingExaminer:
-    """Forwards to a real examiner and records every batch it is sent."""
-
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
-
-    def answer(self, captions, questions):
-        self.calls.append(list(zip(captions, questions)))
-        return self.inner.answer(captions, questions)
 
 
 def test_batched_score_equals_per_episode_scores(toy_soundscapes, sound_rows):

@@ -15,7 +15,7 @@ from pathlib import Path
 import gymnasium
 import numpy as np
 import pytest
-from conftest import read_jsonl
+from conftest import CountingExaminer, read_jsonl
 
 import agentcap_envs  # noqa: F401  (registers the built-in environments)
 from agentcap.core.manifests import ManifestError
@@ -80,17 +80,6 @@ def _script(row: dict) -> dict[str, str]:
         "final": f"A {pitch} {kind} is heard.",  # keeps the pitch, drops the count
         "wrong_pitch": f"The {kind} has a {'low' if pitch != 'low' else 'mid'} pitch.",
     }
-
-
-class CountingExaminer:
-    """Forwards to a real examiner and records every batch of (text, question) pairs it is sent."""
-
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
-
-    def answer(self, captions, questions):
-        self.calls.append(list(zip(captions, questions)))
-        return self.inner.answer(captions, questions)
 
 
 # --- turn order and observations -------------------------------------------------------------
