@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentcap.algorithms.grpo import clipped_objective, token_weights
-from agentcap.algorithms.loop import normalize_by_type
+from agentcap.algorithms.loop import group_scales, normalize_by_type
 from agentcap.judges.evidence import (
     ANSWER_LABEL,
     EVIDENCE_PREAMBLE,
@@ -220,14 +220,21 @@ def test_all_equal_utilities_give_exact_zero_not_nan():
     assert normalize_by_type([None, None], ["F", "F"], [0, 0], 1e-6).tolist() == [0.0, 0.0]
 
 
-def test_uncentred_normalisation_keeps_each_utilitys_sign():
-    """``center=False`` (per-sentence credit's shares, already differences): scaled by the set's
-    spread, the mean not subtracted; ``std="none"`` leaves them as they are."""
-    shares = [0.5, 0.1, -0.5, 0.3]
-    u = torch.tensor(shares, dtype=torch.float64)
-    adv = normalize_by_type(shares, ["piece"] * 4, [0] * 4, 0.0, center=False)
-    assert torch.allclose(adv, u / u.std(unbiased=False)) and (adv.sign() == u.sign()).all()
-    assert normalize_by_type(shares, ["piece"] * 4, [0] * 4, 0.0, std="none", center=False).tolist() == shares
+def test_group_scales_are_what_the_advantages_divide_by():
+    """Per-sentence credit divides its shares by the caption group's scale: sigma + eps, 1 for Dr.
+    GRPO, and 0 (no signal) for singleton, constant and None sets, as in the advantages."""
+    rewards = [0.5, -0.25, 1.0, 0.0, 0.2, 0.2, 3.0, None]
+    groups = [0, 0, 0, 0, 1, 1, 2, 0]
+    kinds = ["caption"] * 8
+    scales = group_scales(rewards, kinds, groups, 1e-6)
+    sigma = torch.tensor(rewards[:4], dtype=torch.float64).std(unbiased=False).item()
+    assert scales[:4].tolist() == pytest.approx([sigma + 1e-6] * 4) and scales[4:].tolist() == [0.0] * 4
+    adv = normalize_by_type(rewards, kinds, groups, 1e-6)
+    mean = sum(rewards[:4]) / 4
+    assert adv[:4].tolist() == pytest.approx([(r - mean) / (sigma + 1e-6) for r in rewards[:4]])
+    assert group_scales(rewards, kinds, groups, 1e-6, std="none").tolist() == [1.0] * 4 + [0.0] * 4
+    with pytest.raises(ValueError, match="std must be"):
+        group_scales(rewards, kinds, groups, 1e-6, std="mad")
 
 
 def test_one_kind_per_group_is_plain_grpo():

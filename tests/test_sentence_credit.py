@@ -80,23 +80,28 @@ def _row(group: int, utility: float, pieces=None, piece_utilities=None, length: 
     return row
 
 
-def test_a_pieces_advantage_is_its_share_scaled_and_averaged_with_the_actions():
-    """A piece's share (a difference against the caption without it) is scaled by the spread of its
-    (group, kind)'s shares but not centred, so a sentence that helps less than another is still
-    pushed up; each token gets the mean of that and its span's own advantage; rows without pieces
-    keep one advantage; other groups do not mix."""
+def test_a_pieces_advantage_is_its_share_in_its_captions_units_averaged_with_the_actions():
+    """A piece's share (a difference against the caption without it) is divided by its caption
+    group's sigma but not centred, so a sentence that helps less than another is still pushed up;
+    each token gets the mean of that and its span's own advantage; rows without pieces keep one
+    advantage; groups do not mix, and a group whose captions tie gives its pieces nothing."""
     a = _row(0, 1.0, [0, 0, 1, 1], [0.5, -0.5])
     b = _row(0, 0.0, [0, 1, 1, 1], [0.5, 0.1])
     c = _row(1, 2.0, [0, 0, 0, 0], [3.0])
     d = _row(1, 1.0)
-    set_advantages([a, b, c, d], 0.0, "population")
+    e = _row(2, 0.7, [0, 0, 1, 1], [0.4, 0.3])
+    f = _row(2, 0.7, [0, 0, 0, 0], [0.7])
+    set_advantages([a, b, c, d, e, f], 0.0, "population")
     assert (a.advantage, b.advantage, c.advantage, d.advantage) == (1.0, -1.0, 1.0, -1.0)
-    sigma = torch.tensor([0.5, -0.5, 0.5, 0.1], dtype=torch.float64).std(unbiased=False).item()
-    assert a.token_advantages == pytest.approx([(1 + 0.5 / sigma) / 2] * 2 + [(1 - 0.5 / sigma) / 2] * 2)
-    assert b.token_advantages == pytest.approx([(-1 + 0.5 / sigma) / 2] + [(-1 + 0.1 / sigma) / 2] * 3)
-    assert 2 * b.token_advantages[1] - b.advantage > 0  # its share 0.1 is below the shares' mean 0.15: still up
-    assert c.token_advantages == [0.5] * 4  # a set of one piece has no spread: the span's half alone
+    # group 0's captions 1.0 and 0.0: sigma 0.5, so a share of 0.5 is one unit of advantage
+    assert a.token_advantages == pytest.approx([1.0, 1.0, 0.0, 0.0])
+    assert b.token_advantages == pytest.approx([0.0, -0.4, -0.4, -0.4])
+    assert 2 * b.token_advantages[1] - b.advantage > 0  # its share 0.1 is below the other's 0.5: still up
+    assert c.token_advantages == pytest.approx([3.5] * 4)  # 2.0 and 1.0: sigma 0.5, share 3.0 is 6 units
     assert d.token_advantages is None
+    assert e.token_advantages == [0.0] * 4 and f.token_advantages == [0.0] * 4  # tied captions: no signal
+    set_advantages([a, b], 0.0, "none")  # Dr. GRPO: advantage u - mu, shares as they are
+    assert a.token_advantages == pytest.approx([0.5, 0.5, 0.0, 0.0])
 
 
 def test_per_token_advantages_equal_per_row_ones_when_they_agree():

@@ -36,7 +36,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["AdvantageStd", "normalize_by_type"]
+__all__ = ["AdvantageStd", "group_scales", "normalize_by_type"]
 
 AdvantageStd = Literal["population", "unbiased", "none"]
 
@@ -47,7 +47,6 @@ def normalize_by_type(
     groups: Sequence[Hashable],
     eps: float,
     std: AdvantageStd = "population",
-    center: bool = True,
 ) -> Tensor:
     """A(xi) = (u(xi) - mu_tau) / (sigma_tau + eps) within each (group, kind) set Xi_tau (Eq. 17).
 
@@ -56,18 +55,49 @@ def normalize_by_type(
     into separate sets so their scales do not mix. sigma is the population std by default (the
     paper does not say which; ``std="unbiased"`` matches TRL; ``"none"`` divides by nothing, Dr.
     GRPO). Singleton or constant sets give 0; None gives 0 and is not counted. To split by agent as
-    well, fold it into ``kinds`` or ``groups``. Without ``center`` the mean is not subtracted, A = u /
-    (sigma + eps): for utilities that are already differences against a counterfactual (per-sentence
-    credit's leave-one-out shares), whose sign must survive. Returns float64 [N].
+    well, fold it into ``kinds`` or ``groups``. Returns float64 [N].
     """
+    scales = group_scales(utilities, kinds, groups, eps, std)
+    advantages = torch.zeros(len(utilities), dtype=torch.float64)  # [N]
+    for index in _sets(utilities, kinds, groups).values():
+        if scales[index[0]] == 0:
+            continue  # no relative signal: exactly zero, never NaN
+        u = torch.tensor([float(utilities[i]) for i in index], dtype=torch.float64)  # [|Xi_tau|]
+        advantages[index] = (u - u.mean()) / scales[index[0]]
+    return advantages
+
+
+def group_scales(
+    utilities: Sequence[float | None],
+    kinds: Sequence[str],
+    groups: Sequence[Hashable],
+    eps: float,
+    std: AdvantageStd = "population",
+) -> Tensor:
+    """What each action's (group, kind) set divides by in :func:`normalize_by_type`: sigma_tau + eps
+    (1 for ``std="none"``), and 0 where the set carries no relative signal (one member, all equal,
+    or a None utility). Per-sentence credit divides its shares by the same figure, so a sentence's
+    advantage is in its caption's units. Returns float64 [N]."""
     if std not in ("population", "unbiased", "none"):
         raise ValueError(f"std must be 'population', 'unbiased' or 'none', got {std!r}")
+    scales = torch.zeros(len(utilities), dtype=torch.float64)  # [N]
+    for index in _sets(utilities, kinds, groups).values():
+        u = torch.tensor([float(utilities[i]) for i in index], dtype=torch.float64)  # [|Xi_tau|]
+        if len(index) < 2 or bool(u.max() == u.min()):
+            continue
+        scales[index] = 1.0 if std == "none" else u.std(unbiased=std == "unbiased").item() + eps
+    return scales
+
+
+def _sets(
+    utilities: Sequence[float | None], kinds: Sequence[str], groups: Sequence[Hashable]
+) -> dict[tuple[Hashable, str], list[int]]:
+    """The indices of each (group, kind) set Xi_tau, None utilities left out."""
     n = len(utilities)
     if len(kinds) != n or len(groups) != n:
         raise ValueError(
             f"utilities, kinds and groups must have one entry per action, got {n}, {len(kinds)}, {len(groups)}"
         )
-    advantages = torch.zeros(n, dtype=torch.float64)  # [N]
     sets: dict[tuple[Hashable, str], list[int]] = {}
     for i, (u, kind, group) in enumerate(zip(utilities, kinds, groups)):
         if u is None:
@@ -75,14 +105,4 @@ def normalize_by_type(
         if not math.isfinite(float(u)):
             raise ValueError(f"utilities[{i}] (group {group!r}, kind {kind!r}) is not finite: {u}")
         sets.setdefault((group, kind), []).append(i)
-    for index in sets.values():
-        u = torch.tensor([float(utilities[i]) for i in index], dtype=torch.float64)  # [|Xi_tau|]
-        if len(index) < 2 or bool(u.max() == u.min()):
-            continue  # no relative signal: exactly zero, never NaN
-        mu = u.mean() if center else torch.zeros((), dtype=torch.float64)
-        if std == "none":
-            advantages[index] = u - mu
-            continue
-        sigma = u.std(unbiased=std == "unbiased")
-        advantages[index] = (u - mu) / (sigma + eps)
-    return advantages
+    return sets

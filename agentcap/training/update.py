@@ -25,7 +25,7 @@ import torch
 from agentcap.agents.agent import Agent
 from agentcap.agents.tokens import pad_right
 from agentcap.algorithms.grpo import clipped_objective, kl_k3, token_weights
-from agentcap.algorithms.loop import AdvantageStd, normalize_by_type
+from agentcap.algorithms.loop import AdvantageStd, group_scales, normalize_by_type
 from agentcap.algorithms.offpolicy import sampler_gap, truncated_importance_weights
 from agentcap.parallel import distributed
 from agentcap.training.old_policy import fill_old_logprobs, old_or_current
@@ -54,30 +54,24 @@ def set_advantages(spans: Sequence[Any], eps_norm: float, std: AdvantageStd) -> 
     """Each span's advantage: its utility normalised within its (group, kind), READ Eq. 1 / LOOP Eq. 17.
 
     Spans whose text the environment credited piece by piece (``Span.pieces``) also get per-token
-    advantages: the mean of the span's own advantage and its piece's. A piece's utility is a
-    difference against the caption without it (``Score.text_credit``), so it is scaled by the spread
-    of all the pieces of its (group, kind) but not centred: a sentence that helps is never pushed
-    down for helping less than another. The span's share keeps what no piece owns: the stop, and the
-    sentences left out (a first design, pieces centred and alone, taught captions to drop their sound
-    effects; docs/real.md)."""
-    advantages = normalize_by_type(
-        [s.utility for s in spans], [s.kind for s in spans], [s.group for s in spans], eps_norm, std=std,
-    )
+    advantages: the mean of the span's own advantage and its piece's. A piece's utility is its share,
+    a difference against the caption without it (``Score.text_credit``), so it is not centred (a
+    sentence that helps is never pushed down for helping less than another) and is divided by what
+    its span's advantage is divided by (the (group, kind)'s sigma + eps): both halves are in the
+    caption's units, and a group whose captions tie gives its pieces no signal either. The span's
+    half keeps what no piece owns: the stop, and the sentences left out. (Two earlier designs, the
+    pieces centred and alone, then scaled by the pieces' own spread, taught captions to drop events
+    they had; docs/real.md.)"""
+    utilities, kinds, groups = [s.utility for s in spans], [s.kind for s in spans], [s.group for s in spans]
+    advantages = normalize_by_type(utilities, kinds, groups, eps_norm, std=std)
     for span, advantage in zip(spans, advantages.tolist()):
         span.advantage = advantage
         span.token_advantages = None
-    credited = [s for s in spans if getattr(s, "pieces", None) is not None]
-    if not credited:
-        return
-    owners = [(s, k) for s in credited for k in range(len(s.piece_utilities))]
-    pieces = normalize_by_type(
-        [s.piece_utilities[k] for s, k in owners], [s.kind for s, _ in owners], [s.group for s, _ in owners],
-        eps_norm, std=std, center=False,
-    ).tolist()
-    at = 0
-    for span in credited:
-        own = pieces[at: at + len(span.piece_utilities)]
-        at += len(own)
+    scales = group_scales(utilities, kinds, groups, eps_norm, std=std).tolist()
+    for span, scale in zip(spans, scales):
+        if getattr(span, "pieces", None) is None:
+            continue
+        own = [share / scale if scale > 0 else 0.0 for share in span.piece_utilities]
         span.token_advantages = [(span.advantage + own[k]) / 2 for k in span.pieces]
 
 
