@@ -91,8 +91,8 @@ class ClozeCaptionEnv(CaptionEnv):
     the warm start, so its loss is the answers' alone (beside a caption, the answers' few tokens are a
     small share of it).
     credit: ``caption`` (the paper's GRPO: one advantage for the whole caption) or ``sentence`` (ours:
-    each sentence's tokens are trained with the mean of the caption's advantage and that of the
-    sentence's own share of the reward, the reward minus that of the caption without it; see
+    the caption's advantage is redistributed over its sentences by each one's share of the reward,
+    the reward minus that of the caption without it; see
     ``Score.text_credit`` and ``training.update.set_advantages``). One caption-level advantage carries
     every number a winning caption wrote, right or wrong (docs/real.md). It costs one more scoring of
     each caption per sentence, in the same batched examiner call.

@@ -80,11 +80,11 @@ def _row(group: int, utility: float, pieces=None, piece_utilities=None, length: 
     return row
 
 
-def test_a_pieces_advantage_is_its_share_in_its_captions_units_averaged_with_the_actions():
-    """A piece's share (a difference against the caption without it) is divided by its caption
-    group's sigma but not centred, so a sentence that helps less than another is still pushed up;
-    each token gets the mean of that and its span's own advantage; rows without pieces keep one
-    advantage; groups do not mix, and a group whose captions tie gives its pieces nothing."""
+def test_a_captions_advantage_is_redistributed_over_its_pieces_by_their_shares():
+    """Each token gets its span's advantage plus its piece's share minus the span's mean share, in
+    the caption's units (divided by the caption group's sigma): the pieces of one caption average to
+    its own advantage, so a caption is pushed as plain GRPO pushes it and only its sentences' parts
+    change; rows without pieces keep one advantage; groups do not mix; tied captions give nothing."""
     a = _row(0, 1.0, [0, 0, 1, 1], [0.5, -0.5])
     b = _row(0, 0.0, [0, 1, 1, 1], [0.5, 0.1])
     c = _row(1, 2.0, [0, 0, 0, 0], [3.0])
@@ -93,15 +93,17 @@ def test_a_pieces_advantage_is_its_share_in_its_captions_units_averaged_with_the
     f = _row(2, 0.7, [0, 0, 0, 0], [0.7])
     set_advantages([a, b, c, d, e, f], 0.0, "population")
     assert (a.advantage, b.advantage, c.advantage, d.advantage) == (1.0, -1.0, 1.0, -1.0)
-    # group 0's captions 1.0 and 0.0: sigma 0.5, so a share of 0.5 is one unit of advantage
-    assert a.token_advantages == pytest.approx([1.0, 1.0, 0.0, 0.0])
-    assert b.token_advantages == pytest.approx([0.0, -0.4, -0.4, -0.4])
-    assert 2 * b.token_advantages[1] - b.advantage > 0  # its share 0.1 is below the other's 0.5: still up
-    assert c.token_advantages == pytest.approx([3.5] * 4)  # 2.0 and 1.0: sigma 0.5, share 3.0 is 6 units
+    # group 0's captions 1.0 and 0.0: sigma 0.5, so a share 0.5 above the caption's mean is one unit
+    assert a.token_advantages == pytest.approx([2.0, 2.0, 0.0, 0.0])  # the invented sentence is not pushed up
+    assert b.token_advantages == pytest.approx([-0.6, -1.4, -1.4, -1.4])  # the better sentence is pushed down less
+    for row in (a, b):
+        per_piece = {k: row.token_advantages[i] for i, k in enumerate(row.pieces)}
+        assert sum(per_piece.values()) / len(per_piece) == pytest.approx(row.advantage)
+    assert c.token_advantages == pytest.approx([1.0] * 4)  # one piece: the caption's advantage
     assert d.token_advantages is None
     assert e.token_advantages == [0.0] * 4 and f.token_advantages == [0.0] * 4  # tied captions: no signal
     set_advantages([a, b], 0.0, "none")  # Dr. GRPO: advantage u - mu, shares as they are
-    assert a.token_advantages == pytest.approx([0.5, 0.5, 0.0, 0.0])
+    assert a.token_advantages == pytest.approx([1.0, 1.0, 0.0, 0.0])  # 0.5 + (0.5 - 0), 0.5 + (-0.5 - 0)
 
 
 def test_per_token_advantages_equal_per_row_ones_when_they_agree():

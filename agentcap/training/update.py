@@ -54,25 +54,26 @@ def set_advantages(spans: Sequence[Any], eps_norm: float, std: AdvantageStd) -> 
     """Each span's advantage: its utility normalised within its (group, kind), READ Eq. 1 / LOOP Eq. 17.
 
     Spans whose text the environment credited piece by piece (``Span.pieces``) also get per-token
-    advantages: the mean of the span's own advantage and its piece's. A piece's utility is its share,
-    a difference against the caption without it (``Score.text_credit``), so it is not centred (a
-    sentence that helps is never pushed down for helping less than another) and is divided by what
-    its span's advantage is divided by (the (group, kind)'s sigma + eps): both halves are in the
-    caption's units, and a group whose captions tie gives its pieces no signal either. The span's
-    half keeps what no piece owns: the stop, and the sentences left out. (Two earlier designs, the
-    pieces centred and alone, then scaled by the pieces' own spread, taught captions to drop events
-    they had; docs/real.md.)"""
+    advantages: the span's advantage redistributed over its pieces. A piece's utility is its share, a
+    difference against the caption without it (``Score.text_credit``); a token gets its span's
+    advantage plus its piece's share minus the mean share of the span's pieces, divided by what the
+    span's advantage is divided by (the (group, kind)'s sigma + eps, so both are in the caption's
+    units). The pieces of one caption sum to its own advantage: the group pushes its captions up and
+    down exactly as plain GRPO does, and only which sentences carry the push changes; a group whose
+    captions tie gives no signal. (Two earlier designs, shares centred over the group alone, then
+    shares not centred, drifted from the warm start and taught captions to drop events; docs/real.md.)"""
     utilities, kinds, groups = [s.utility for s in spans], [s.kind for s in spans], [s.group for s in spans]
     advantages = normalize_by_type(utilities, kinds, groups, eps_norm, std=std)
-    for span, advantage in zip(spans, advantages.tolist()):
+    scales = group_scales(utilities, kinds, groups, eps_norm, std=std).tolist()
+    for span, advantage, scale in zip(spans, advantages.tolist(), scales):
         span.advantage = advantage
         span.token_advantages = None
-    scales = group_scales(utilities, kinds, groups, eps_norm, std=std).tolist()
-    for span, scale in zip(spans, scales):
         if getattr(span, "pieces", None) is None:
             continue
-        own = [share / scale if scale > 0 else 0.0 for share in span.piece_utilities]
-        span.token_advantages = [(span.advantage + own[k]) / 2 for k in span.pieces]
+        shares = span.piece_utilities
+        mean = sum(shares) / len(shares)
+        own = [advantage + ((share - mean) / scale if scale > 0 else 0.0) for share in shares]
+        span.token_advantages = [own[k] for k in span.pieces]
 
 
 def _advantages(rows: Sequence[Any], length: int, device: torch.device) -> torch.Tensor:
