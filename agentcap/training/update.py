@@ -60,9 +60,10 @@ def set_advantages(spans: Sequence[Any], eps_norm: float, std: AdvantageStd) -> 
     span's advantage is divided by (the (group, kind)'s sigma + eps, so both are in the caption's
     units). The pieces of one caption average to its own advantage (piece by piece, not token by
     token): the group pushes its captions up and down as plain GRPO does, and only which sentences
-    carry the push changes; a group whose captions tie gives no signal. (Two earlier designs, shares centred over the group alone, then
-    shares not centred beside the caption's advantage, taught captions to drop events; the second's
-    mostly positive shares made its losses tens of times caption credit's; docs/real.md.)"""
+    carry the push changes; a group whose captions tie gives no signal. (Two earlier designs, shares
+    centred over the group alone, then shares not centred beside the caption's advantage, taught
+    captions to drop events; the second's mostly positive shares made its losses tens of times
+    caption credit's; docs/real.md.)"""
     utilities, kinds, groups = [s.utility for s in spans], [s.kind for s in spans], [s.group for s in spans]
     advantages = normalize_by_type(utilities, kinds, groups, eps_norm, std=std)
     scales = group_scales(utilities, kinds, groups, eps_norm, std=std).tolist()
