@@ -86,3 +86,16 @@ def test_stored_benchmark_captions_are_judged_again_by_the_current_rule_judge(tm
     assert figures["benchmark (rule-v3) onset"] == figures["benchmark (rule-v3) effect count"] == 1.0
     assert figures["benchmark (rule-v3) sound events"] == 0.5
     assert math.isnan(real_analysis.benchmark_figures(str(tmp_path / "run"), "before")["benchmark (rule-v3)"])
+
+
+def test_each_kind_of_sentence_gets_its_leave_one_out_share_of_the_runs_reward():
+    """ESR alone: without the effect sentence its name and onset go unanswered (1 - 0.25 = 0.75);
+    without one quote, one word blank does (1 - 0.625 = 0.375)."""
+    item = json.loads(json.dumps(ITEM))
+    item["anchors"] = [{"event": "error tone", "start": 0.3, "end": 1.5}]
+    item["audio"] = "unused.wav"
+    (shares,) = real_analysis.sentence_shares([REFERENCE], [item], {"weights": {"esr": 1.0}, "manifest": "x.jsonl"})
+    assert shares == {"share, quote sentence": 0.375, "share, effect sentence": 0.75}
+    (alone,) = real_analysis.sentence_shares(['From 2.0 s to 2.9 s, a woman says "I\'m sorry".'], [item],
+                                             {"weights": {"esr": 1.0}})
+    assert math.isnan(alone["share, effect sentence"])

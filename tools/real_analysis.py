@@ -7,7 +7,9 @@ spoken sentences quoted against those said, quotes that are another training rec
 word for word (what a model that looks sentences up, not transcribes, writes), repeated sentences,
 length against the reference, and ESR split by what its cloze question asks (an effect's name, an
 onset, a quoted word, an order), so a change in ESR can be traced to the part of the caption that
-moved. Where a stage has a benchmark evaluation, its stored captions are also judged again by the
+moved. Each sentence's leave-one-out share of the run's own reward (what per-sentence credit trains
+with), averaged over a caption's quote sentences and over its sound-effect sentences, shows which
+kind of sentence the reward pays more. Where a stage has a benchmark evaluation, its stored captions are also judged again by the
 current rule judge (``RuleJudge``; its version names the rows), so runs judged by an older version
 can be compared under the new one without captioning anything again. Means over runs with 95 % t
 intervals, and the paired after − before differences.
@@ -25,13 +27,16 @@ import re
 import sys
 from collections.abc import Sequence
 
+import yaml
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from agentcap.evaluation.benchmark import Ask, RuleJudge  # noqa: E402
 from agentcap.evaluation.seeds import mean_interval, paired_cell  # noqa: E402
-from agentcap.judges.questions import question_bank, sentences  # noqa: E402
+from agentcap.judges.questions import question_bank, sentence_spans, sentences  # noqa: E402
 from agentcap.judges.rule import RuleExaminer  # noqa: E402
 from agentcap.rewards.functional.cloze import answer_scores  # noqa: E402
+from agentcap_envs.cloze_caption import ClozeCaptionEnv  # noqa: E402
 from agentcap_envs.real.speech import EFFECTS  # noqa: E402
 
 _QUOTE = re.compile(r'"([^"]+)"')
@@ -111,6 +116,32 @@ def benchmark_figures(run: str, stage: str, judge: RuleJudge | None = None) -> d
             **{f"{rejudged} {g}": accuracy(g) for g in CATEGORIES + SUBCATEGORIES}}
 
 
+def sentence_shares(captions: Sequence[str], items: Sequence[dict], env_kwargs: dict) -> list[dict[str, float]]:
+    """Per caption, the mean leave-one-out share of its quote sentences and of its other (sound-effect)
+    sentences, scored as ``ClozeCaption-v0`` with ``env_kwargs`` scores them (NaN where it has none)."""
+    kwargs = {k: v for k, v in env_kwargs.items() if k not in ("manifest", "items", "credit", "defer_scoring")}
+    env = ClozeCaptionEnv(items=list(items), credit="sentence", **kwargs)
+    _, totals = env._rewards(list(captions), list(items))
+    out = []
+    for caption, credit in zip(captions, env._sentence_credit(list(captions), list(items), totals.tolist())):
+        kinds: dict[str, list[float]] = {"share, quote sentence": [], "share, effect sentence": []}
+        for (start, end), (_, share) in zip(sentence_spans(caption), credit or []):
+            quoted = _QUOTE.search(caption[start:end]) is not None
+            kinds["share, quote sentence" if quoted else "share, effect sentence"].append(share)
+        out.append({k: sum(v) / len(v) if v else float("nan") for k, v in kinds.items()})
+    return out
+
+
+def _run_env_kwargs(run: str) -> dict | None:
+    """The ClozeCaption-v0 settings a run was trained with (its ``config.yaml``), or None."""
+    path = os.path.join(run, "config.yaml")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        env = (yaml.safe_load(handle).get("model") or {}).get("env") or {}
+    return env.get("kwargs") if env.get("id") == "agentcap/ClozeCaption-v0" else None
+
+
 def stage_figures(run: str, stage: str, items: dict[str, dict],
                   training_quotes: frozenset[str] = frozenset()) -> dict[str, float]:
     """Each figure's mean over the stage's captions (NaNs, e.g. no effect named, left out), then the
@@ -120,6 +151,10 @@ def stage_figures(run: str, stage: str, items: dict[str, dict],
         rows = [json.loads(line) for line in handle]
     examiner = RuleExaminer()
     per = [caption_figures(r["caption"], items[r["id"]], training_quotes, examiner) for r in rows]
+    env_kwargs = _run_env_kwargs(run)
+    if env_kwargs is not None:
+        shares = sentence_shares([r["caption"] for r in rows], [items[r["id"]] for r in rows], env_kwargs)
+        per = [{**p, **q} for p, q in zip(per, shares)]
     return {**{k: mean_interval([p[k] for p in per]).mean for k in per[0]}, **benchmark_figures(run, stage)}
 
 
