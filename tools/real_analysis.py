@@ -9,8 +9,8 @@ length against the reference, and ESR split by what its cloze question asks (an 
 onset, a quoted word, an order), so a change in ESR can be traced to the part of the caption that
 moved. Each sentence's leave-one-out share of the run's own reward (what per-sentence credit trains
 with), averaged over a caption's quote sentences and over its sound-effect sentences, shows which
-kind of sentence the reward pays more. Where a stage has a benchmark evaluation, its stored captions are also judged again by the
-current rule judge (``RuleJudge``; its version names the rows), so runs judged by an older version
+kind of sentence the reward pays more. Where a stage has a benchmark evaluation, its stored
+captions are also judged again by the current rule judge (``RuleJudge``; its version names the rows), so runs judged by an older version
 can be compared under the new one without captioning anything again. Means over runs with 95 % t
 intervals, and the paired after − before differences.
 
@@ -31,6 +31,7 @@ import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from agentcap.core.episode import Action, Episode  # noqa: E402
 from agentcap.evaluation.benchmark import Ask, RuleJudge  # noqa: E402
 from agentcap.evaluation.seeds import mean_interval, paired_cell  # noqa: E402
 from agentcap.judges.questions import question_bank, sentence_spans, sentences  # noqa: E402
@@ -121,11 +122,12 @@ def sentence_shares(captions: Sequence[str], items: Sequence[dict], env_kwargs: 
     sentences, scored as ``ClozeCaption-v0`` with ``env_kwargs`` scores them (NaN where it has none)."""
     kwargs = {k: v for k, v in env_kwargs.items() if k not in ("manifest", "items", "credit", "defer_scoring")}
     env = ClozeCaptionEnv(items=list(items), credit="sentence", **kwargs)
-    _, totals = env._rewards(list(captions), list(items))
+    scores = env.score([Episode(item, actions=[Action("policy", "caption", caption)])
+                        for caption, item in zip(captions, items)])
     out = []
-    for caption, credit in zip(captions, env._sentence_credit(list(captions), list(items), totals.tolist())):
+    for caption, score in zip(captions, scores):
         kinds: dict[str, list[float]] = {"share, quote sentence": [], "share, effect sentence": []}
-        for (start, end), (_, share) in zip(sentence_spans(caption), credit or []):
+        for (start, end), (_, share) in zip(sentence_spans(caption), score.text_credit[0] or []):
             quoted = _QUOTE.search(caption[start:end]) is not None
             kinds["share, quote sentence" if quoted else "share, effect sentence"].append(share)
         out.append({k: sum(v) / len(v) if v else float("nan") for k, v in kinds.items()})

@@ -57,13 +57,10 @@ def normalize_by_type(
     GRPO). Singleton or constant sets give 0; None gives 0 and is not counted. To split by agent as
     well, fold it into ``kinds`` or ``groups``. Returns float64 [N].
     """
-    scales = group_scales(utilities, kinds, groups, eps, std)
     advantages = torch.zeros(len(utilities), dtype=torch.float64)  # [N]
-    for index in _sets(utilities, kinds, groups).values():
-        if scales[index[0]] == 0:
-            continue  # no relative signal: exactly zero, never NaN
-        u = torch.tensor([float(utilities[i]) for i in index], dtype=torch.float64)  # [|Xi_tau|]
-        advantages[index] = (u - u.mean()) / scales[index[0]]
+    for index, u, scale in _scaled_sets(utilities, kinds, groups, eps, std):
+        if scale:  # else no relative signal: exactly zero, never NaN
+            advantages[index] = (u - u.mean()) / scale
     return advantages
 
 
@@ -78,15 +75,27 @@ def group_scales(
     (1 for ``std="none"``), and 0 where the set carries no relative signal (one member, all equal,
     or a None utility). Per-sentence credit divides its shares by the same figure, so a sentence's
     advantage is in its caption's units. Returns float64 [N]."""
+    scales = torch.zeros(len(utilities), dtype=torch.float64)  # [N]
+    for index, _, scale in _scaled_sets(utilities, kinds, groups, eps, std):
+        scales[index] = scale
+    return scales
+
+
+def _scaled_sets(
+    utilities: Sequence[float | None], kinds: Sequence[str], groups: Sequence[Hashable], eps: float, std: AdvantageStd,
+) -> list[tuple[list[int], Tensor, float]]:
+    """Each (group, kind) set Xi_tau: its indices, its utilities and what it divides by (0: no signal)."""
     if std not in ("population", "unbiased", "none"):
         raise ValueError(f"std must be 'population', 'unbiased' or 'none', got {std!r}")
-    scales = torch.zeros(len(utilities), dtype=torch.float64)  # [N]
+    out = []
     for index in _sets(utilities, kinds, groups).values():
         u = torch.tensor([float(utilities[i]) for i in index], dtype=torch.float64)  # [|Xi_tau|]
         if len(index) < 2 or bool(u.max() == u.min()):
-            continue
-        scales[index] = 1.0 if std == "none" else u.std(unbiased=std == "unbiased").item() + eps
-    return scales
+            scale = 0.0
+        else:
+            scale = 1.0 if std == "none" else u.std(unbiased=std == "unbiased").item() + eps
+        out.append((index, u, scale))
+    return out
 
 
 def _sets(
