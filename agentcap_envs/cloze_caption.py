@@ -95,7 +95,10 @@ class ClozeCaptionEnv(CaptionEnv):
     the reward minus that of the caption without it; see
     ``Score.text_credit`` and ``training.update.set_advantages``). One caption-level advantage carries
     every number a winning caption wrote, right or wrong (docs/real.md). It costs one more scoring of
-    each caption per sentence, in the same batched examiner call.
+    each caption per sentence, in the same batched examiner call. credit_terms: the reward components a
+    sentence's share is made of (default: all of them). Length is a property of the whole caption:
+    its leave-one-out share grows with a sentence's word count, so ``[esr, ectr, count]`` leaves it to
+    the caption's advantage and shares that advantage by what each sentence's event earns.
 
     ## Version history
     v0: first version.
@@ -131,6 +134,7 @@ class ClozeCaptionEnv(CaptionEnv):
         demo_absent: float = 0.0,
         demo_caption: bool = True,
         credit: Literal["caption", "sentence"] = "caption",
+        credit_terms: Sequence[str] | None = None,
     ):
         self.sample_rate, self.max_seconds, self.audio_check = sample_rate, max_seconds, audio_check
         if not (isinstance(demo_qa, int) and not isinstance(demo_qa, bool) and demo_qa >= 0):
@@ -143,6 +147,12 @@ class ClozeCaptionEnv(CaptionEnv):
             raise ValueError("demo_caption=False leaves the warm start only its question turns; with demo_qa=0 there are none (set demo_qa >= 1)")
         self.demo_qa, self.demo_absent, self.demo_caption = demo_qa, demo_absent, demo_caption
         self.credit = credit
+        self.credit_terms = tuple(COMPONENTS if credit_terms is None else credit_terms)
+        if credit_terms is not None and credit != "sentence":
+            raise ValueError(f"credit_terms {credit_terms!r} make sentence shares; with credit={credit!r} there are none")
+        if not self.credit_terms or isinstance(credit_terms, str) or set(self.credit_terms) - set(COMPONENTS):
+            raise ValueError(f"credit_terms must name some of the reward components {list(COMPONENTS)}, "
+                             f"got {credit_terms!r}")
         self._questions: BalancedQuestions | None = None
         super().__init__(
             manifest=manifest, items=items, defer_scoring=defer_scoring, on_error=on_error,
@@ -264,7 +274,7 @@ class ClozeCaptionEnv(CaptionEnv):
             batch = [episodes[i] for i in labelled]
             captions = [e.actions[-1].text if e.actions else "" for e in batch]
             parts, total = self._rewards(captions, [e.item for e in batch])
-            credit = self._sentence_credit(captions, [e.item for e in batch], total.tolist()) \
+            credit = self._sentence_credit(captions, [e.item for e in batch], parts) \
                 if self.credit == "sentence" else [None] * len(batch)
             for row, i in enumerate(labelled):
                 scores[i] = Score(
@@ -283,15 +293,19 @@ class ClozeCaptionEnv(CaptionEnv):
             "length": length_ramp_reward(captions, [i["caption"] for i in items], self.length_tolerance),
             "count": event_count_reward(captions, [i["anchors"] for i in items]),
         }
-        return parts, weighted_sum(parts, {k: float(self.weights.get(k, 0.0)) for k in COMPONENTS})
+        return parts, self._weighted(parts)
+
+    def _weighted(self, parts: Mapping[str, Any], terms: Sequence[str] = COMPONENTS):
+        return weighted_sum(parts, {k: float(self.weights.get(k, 0.0)) if k in terms else 0.0 for k in COMPONENTS})
 
     def _sentence_credit(
-        self, captions: Sequence[str], items: Sequence[Mapping[str, Any]], totals: Sequence[float]
+        self, captions: Sequence[str], items: Sequence[Mapping[str, Any]], parts: Mapping[str, Any]
     ) -> list[list[tuple[int, float]] | None]:
-        """Each sentence's share of its caption's reward: the reward minus that of the caption without
-        it (leave one out), so a sentence whose event the examiner gets wrong, or that only lengthens
-        the caption, is charged, and the right ones beside it are not. One batched scoring of every
-        caption with one sentence removed; a sentence's piece runs to the next one's start."""
+        """Each sentence's share of its caption's reward (its ``credit_terms``): that reward minus the
+        caption's without the sentence (leave one out), so a sentence whose event the examiner gets
+        wrong is charged, and the right ones beside it are not. One batched scoring of every caption
+        with one sentence removed; a sentence's piece runs to the next one's start."""
+        totals = self._weighted(parts, self.credit_terms).tolist()
         variants, owners, pieces = [], [], []
         for row, caption in enumerate(captions):
             spans = sentence_spans(caption)  # none in an empty caption: its one token keeps the caption's advantage
@@ -302,8 +316,8 @@ class ClozeCaptionEnv(CaptionEnv):
                 variants.append((caption[:start] + caption[end:]).strip())
                 owners.append(row)
         # a sharded judge's call is a collective: asked even with no variant here
-        _, without = self._rewards(variants, [items[row] for row in owners]) \
-            if variants or judges_sharded() else (None, [])
+        without = self._weighted(self._rewards(variants, [items[row] for row in owners])[0], self.credit_terms) \
+            if variants or judges_sharded() else []
         shares: list[list[float]] = [[] for _ in captions]
         for row, reward in zip(owners, [float(r) for r in without]):
             shares[row].append(totals[row] - reward)

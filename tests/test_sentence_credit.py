@@ -55,6 +55,37 @@ def test_each_sentence_is_credited_its_leave_one_out_share(toy_soundscapes, soun
     assert same.text_credit == [None] and same.reward == score.reward
 
 
+def test_credit_terms_make_the_shares_of_those_components_alone(toy_soundscapes, sound_rows):
+    """``credit_terms`` without length: a sentence's share is the leave-one-out difference of the
+    other components only (length, a whole caption's property, pays long sentences otherwise); the
+    caption's reward keeps every component."""
+    index = _index(sound_rows, 3)
+    caption = sound_rows[index]["caption"] + " From 9.0 s to 9.5 s, a trumpet plays loudly and for a long time."
+    weights = {"esr": 1.0, "ectr": 1.0, "length": 0.5, "count": 1.0}
+    env = _credited(toy_soundscapes, credit="sentence", weights=weights, credit_terms=["esr", "ectr", "count"])
+    score = env.unwrapped.score([_play(env, index, caption)[4]["episode"]])[0]
+    full = _credited(toy_soundscapes, credit="sentence", weights=weights)
+    assert score.reward == full.unwrapped.score([_play(full, index, caption)[4]["episode"]])[0].reward
+    evidence = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact",
+                              weights={**weights, "length": 0.0})
+    whole = _play(evidence, index, caption)[1]
+    spans, credit = sentence_spans(caption), score.text_credit[0]
+    for (start, _), (end, share) in zip(spans, credit):
+        assert share == pytest.approx(whole - _play(evidence, index, (caption[:start] + caption[end:]).strip())[1])
+    lengths = [share for _, share in full.unwrapped.score([_play(full, index, caption)[4]["episode"]])[0].text_credit[0]]
+    assert lengths != pytest.approx([share for _, share in credit])  # length did count in the default shares
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"credit": "sentence", "credit_terms": ["esr", "lenght"]}, r"credit_terms must name some of the reward components"),
+    ({"credit": "sentence", "credit_terms": []}, r"credit_terms must name some"),
+    ({"credit_terms": ["esr"]}, r"with credit='caption' there are none"),
+])
+def test_bad_credit_terms_are_refused(toy_soundscapes, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), **kwargs)
+
+
 def test_an_unknown_credit_is_refused(toy_soundscapes):
     with pytest.raises(ValueError, match=r"argument 'credit' must be one of \['caption', 'sentence'\], got 'token'"):
         gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), credit="token")
