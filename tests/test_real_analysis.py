@@ -7,6 +7,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 import real_analysis  # noqa: E402
@@ -95,7 +97,16 @@ def test_each_kind_of_sentence_gets_its_leave_one_out_share_of_the_runs_reward()
     item["anchors"] = [{"event": "error tone", "start": 0.3, "end": 1.5}]
     item["audio"] = "unused.wav"
     (shares,) = real_analysis.sentence_shares([REFERENCE], [item], {"weights": {"esr": 1.0}, "manifest": "x.jsonl"})
-    assert shares == {"share, quote sentence": 0.375, "share, effect sentence": 0.75}
+    assert shares == {"share, quote sentence": 0.375, "share, effect sentence": 0.75,
+                      "quote - effect share": -0.375, "quote - effect share, esr": -0.375}
+    # the length term alone pays the longer (quote) sentences: 0.5 x (ramp loss without each sentence)
+    (both,) = real_analysis.sentence_shares([REFERENCE], [item], {"weights": {"esr": 1.0, "length": 0.5}})
+    # the sentences count 10, 11 and 14 of the caption's 35 words: band 0.25 x 35, ramp to 0 at twice it
+    ramp = [0.5 * (1 - (n - 8.75) / 8.75) for n in (10, 11, 14)]
+    length_gap = ((0.5 - ramp[1]) + (0.5 - ramp[2])) / 2 - (0.5 - ramp[0])
+    assert both["quote - effect share, length"] == pytest.approx(length_gap) and length_gap > 0.14
+    assert both["quote - effect share"] == pytest.approx(length_gap - 0.375)
+    assert both["quote - effect share, esr"] == -0.375
     (alone,) = real_analysis.sentence_shares(['From 2.0 s to 2.9 s, a woman says "I\'m sorry".'], [item],
                                              {"weights": {"esr": 1.0}})
-    assert math.isnan(alone["share, effect sentence"])
+    assert math.isnan(alone["share, effect sentence"]) and math.isnan(alone["quote - effect share"])

@@ -119,8 +119,20 @@ def benchmark_figures(run: str, stage: str, judge: RuleJudge | None = None) -> d
 
 def sentence_shares(captions: Sequence[str], items: Sequence[dict], env_kwargs: dict) -> list[dict[str, float]]:
     """Per caption, the mean leave-one-out share of its quote sentences and of its other (sound-effect)
-    sentences, scored as ``ClozeCaption-v0`` with ``env_kwargs`` scores them (NaN where it has none)."""
+    sentences, scored as ``ClozeCaption-v0`` with ``env_kwargs`` scores them (NaN where it has none);
+    then, in captions with both kinds, the quote's mean share minus the effect's, in all and by each
+    weighted reward component alone (which term pays which kind of sentence)."""
     kwargs = {k: v for k, v in env_kwargs.items() if k not in ("manifest", "items", "credit", "defer_scoring")}
+    out = _kind_shares(captions, items, kwargs)
+    by_term = {name: _kind_shares(captions, items, {**kwargs, "weights": {name: w}, "credit_terms": None})
+               for name, w in (kwargs.get("weights") or {}).items() if w}
+    for suffix, shares in {"": out, **{f", {name}": alone for name, alone in by_term.items()}}.items():
+        for row, kinds in zip(out, shares):
+            row[f"quote - effect share{suffix}"] = kinds["share, quote sentence"] - kinds["share, effect sentence"]
+    return out
+
+
+def _kind_shares(captions: Sequence[str], items: Sequence[dict], kwargs: dict) -> list[dict[str, float]]:
     env = ClozeCaptionEnv(items=list(items), credit="sentence", **kwargs)
     scores = env.score([Episode(item, actions=[Action("policy", "caption", caption)])
                         for caption, item in zip(captions, items)])
