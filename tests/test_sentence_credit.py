@@ -65,14 +65,15 @@ def test_credit_terms_make_the_shares_of_those_components_alone(toy_soundscapes,
     env = _credited(toy_soundscapes, credit="sentence", weights=weights, credit_terms=["esr", "ectr", "count"])
     score = env.unwrapped.score([_play(env, index, caption)[4]["episode"]])[0]
     full = _credited(toy_soundscapes, credit="sentence", weights=weights)
-    assert score.reward == full.unwrapped.score([_play(full, index, caption)[4]["episode"]])[0].reward
+    full_score = full.unwrapped.score([_play(full, index, caption)[4]["episode"]])[0]
+    assert score.reward == full_score.reward
     evidence = gymnasium.make(ENV_ID, manifest=str(toy_soundscapes / "train.jsonl"), prompt="compact",
                               weights={**weights, "length": 0.0})
     whole = _play(evidence, index, caption)[1]
     spans, credit = sentence_spans(caption), score.text_credit[0]
     for (start, _), (end, share) in zip(spans, credit):
         assert share == pytest.approx(whole - _play(evidence, index, (caption[:start] + caption[end:]).strip())[1])
-    lengths = [share for _, share in full.unwrapped.score([_play(full, index, caption)[4]["episode"]])[0].text_credit[0]]
+    lengths = [share for _, share in full_score.text_credit[0]]
     assert lengths != pytest.approx([share for _, share in credit])  # length did count in the default shares
 
 
